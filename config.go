@@ -1,0 +1,460 @@
+package rrl
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config holds the settings of an RRL, a Limiter and a Filter. Create it with
+// NewConfig, which sets the defaults, and change it with SetValue, which takes the
+// keywords of BIND's rate-limit clause as coredns/rrl and markdingo/rrl spell them.
+// A Config is not safe for concurrent modification; the RRL, Limiter and Filter made
+// from it take a copy of what they need.
+//
+// Response rate limiting (Debit), as in markdingo/rrl:
+//
+//	window SECONDS                 1..3600, default 15: how far a balance can go negative
+//	ipv4-prefix-length LENGTH      1..32, default 24: the IPv4 client network
+//	ipv6-prefix-length LENGTH      1..128, default 56: the IPv6 client network
+//	responses-per-second RATE      answers per second per (network, qtype, name); 0 (default) disables
+//	nodata-per-second RATE         NODATA responses; defaults to responses-per-second
+//	nxdomains-per-second RATE      NXDOMAIN responses; defaults to responses-per-second
+//	referrals-per-second RATE      referrals; defaults to responses-per-second
+//	errors-per-second RATE         other errors; defaults to responses-per-second
+//	requests-per-second RATE       queries per second per client network; 0 (default) disables
+//	slip-ratio RATIO               0..10, default 2: every RATIO-th limited response slips
+//	max-table-size SIZE            accounts kept, default 100000; 0 means the default
+//
+// Extensions from BIND 9 and this package:
+//
+//	report-only [BOOL]             "true", "false" or "" (true): count, never withhold
+//	exempt-clients LIST            addresses or prefixes, comma or space separated: never limited
+//	all-per-second RATE            all responses per client network, besides the category account
+//	qps-scale RATE                 above this total query rate, allowances shrink proportionally
+//
+// The request limiter (the kernel Filter and the Go Limiter) limits queries at several
+// source prefix levels, each to a multiple of requests-per-second:
+//
+//	ipv4-request-levels LIST       "PREFIX:FACTOR ...", default "32:1 16:16"
+//	ipv6-request-levels LIST       default "128:1 64:1 48:4"
+//	source-port-factor FACTOR      all sources sharing one source port; default 1, 0 disables
+//	total-requests-per-second RATE all queries together (capacity); default 0 (off)
+//	reflection-ports LIST          source ports whose packets are dropped unseen
+//
+// The client-network level (ipv4-prefix-length, ipv6-prefix-length) is always a level
+// at factor 1 unless the list names that prefix length with another factor. At most
+// five levels per family besides /0. A factor of 0 turns a level off.
+// reflection-ports defaults to DefaultReflectionPorts.
+//
+// Every rate is a decimal number of events per second (0 to 10,000,000). A value that
+// cannot be parsed or is out of range gives an error naming the keyword and the value,
+// and leaves the Config unchanged.
+type Config struct {
+	window           int64 // seconds
+	ipv4PrefixLength int
+	ipv6PrefixLength int
+
+	responsesPerSecond float64
+	nodataPerSecond    float64
+	nxdomainsPerSecond float64
+	referralsPerSecond float64
+	errorsPerSecond    float64
+	requestsPerSecond  float64
+	allPerSecond       float64
+	qpsScale           float64
+
+	nodataSet, nxdomainsSet, referralsSet, errorsSet bool
+
+	slipRatio    int
+	maxTableSize int
+	reportOnly   bool
+	exempt       []netip.Prefix
+
+	ipv4Levels       []RequestLevel // without the client-network level unless named
+	ipv6Levels       []RequestLevel
+	sourcePortFactor float64
+	totalRequests    float64
+	reflectionPorts  []uint16
+
+	nowFunc func() time.Time
+}
+
+// RequestLevel is one source prefix level of the request limiter: sources are grouped
+// by their first PrefixLen bits and each group is limited to Factor times
+// requests-per-second.
+type RequestLevel struct {
+	PrefixLen int
+	Factor    float64
+}
+
+// DefaultReflectionPorts are the UDP source ports of services whose responses are used
+// in reflection attacks (and port 0, which no real client uses): packets from them can
+// never be queries, so the filters drop them before any rate accounting.
+// chargen 19, NTP 123, SNMP 161, CLDAP 389, SSDP 1900, memcached 11211.
+var DefaultReflectionPorts = []uint16{0, 19, 123, 161, 389, 1900, 11211}
+
+const (
+	maxRate         = 10_000_000
+	maxRequestLevel = 5
+	defaultTable    = 100000
+	maxTableSize    = 1 << 26
+)
+
+// NewConfig returns a Config with the defaults documented on Config.
+func NewConfig() *Config {
+	return &Config{
+		window:           15,
+		ipv4PrefixLength: 24,
+		ipv6PrefixLength: 56,
+		slipRatio:        2,
+		maxTableSize:     defaultTable,
+		ipv4Levels:       []RequestLevel{{32, 1}, {16, 16}},
+		ipv6Levels:       []RequestLevel{{128, 1}, {64, 1}, {48, 4}},
+		sourcePortFactor: 1,
+		reflectionPorts:  slices.Clone(DefaultReflectionPorts),
+	}
+}
+
+// ConfigKeywords lists every keyword SetValue accepts, in documentation order; a
+// program can register one command-line flag per keyword from it.
+func ConfigKeywords() []string {
+	return []string{
+		"window", "ipv4-prefix-length", "ipv6-prefix-length",
+		"responses-per-second", "nodata-per-second", "nxdomains-per-second",
+		"referrals-per-second", "errors-per-second", "requests-per-second",
+		"slip-ratio", "max-table-size",
+		"report-only", "exempt-clients", "all-per-second", "qps-scale",
+		"ipv4-request-levels", "ipv6-request-levels", "source-port-factor",
+		"total-requests-per-second", "reflection-ports",
+	}
+}
+
+// ConfigError is the error SetValue returns for a bad keyword or value.
+type ConfigError struct {
+	Keyword, Value string
+	Reason         string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("rrl: %s=%q: %s", e.Keyword, e.Value, e.Reason)
+}
+
+// SetValue sets the keyword to value. See Config for the keywords and their ranges.
+func (c *Config) SetValue(keyword, value string) error {
+	bad := func(reason string) error { return &ConfigError{keyword, value, reason} }
+	arg := strings.TrimSpace(value)
+	switch keyword {
+	case "window":
+		n, err := parseInt(arg, 1, 3600)
+		if err != nil {
+			return bad(err.Error())
+		}
+		c.window = int64(n)
+	case "ipv4-prefix-length", "ipv6-prefix-length":
+		limit := 32
+		if keyword == "ipv6-prefix-length" {
+			limit = 128
+		}
+		n, err := parseInt(arg, 1, limit)
+		if err != nil {
+			return bad(err.Error())
+		}
+		levels := c.ipv4Levels
+		if limit == 128 {
+			levels = c.ipv6Levels
+		}
+		if err := checkLevelCount(levels, n); err != nil {
+			return bad(err.Error())
+		}
+		if limit == 32 {
+			c.ipv4PrefixLength = n
+		} else {
+			c.ipv6PrefixLength = n
+		}
+	case "responses-per-second", "nodata-per-second", "nxdomains-per-second",
+		"referrals-per-second", "errors-per-second", "requests-per-second",
+		"all-per-second", "qps-scale", "total-requests-per-second":
+		r, err := parseRate(arg)
+		if err != nil {
+			return bad(err.Error())
+		}
+		switch keyword {
+		case "responses-per-second":
+			c.responsesPerSecond = r
+		case "nodata-per-second":
+			c.nodataPerSecond, c.nodataSet = r, true
+		case "nxdomains-per-second":
+			c.nxdomainsPerSecond, c.nxdomainsSet = r, true
+		case "referrals-per-second":
+			c.referralsPerSecond, c.referralsSet = r, true
+		case "errors-per-second":
+			c.errorsPerSecond, c.errorsSet = r, true
+		case "requests-per-second":
+			c.requestsPerSecond = r
+		case "all-per-second":
+			c.allPerSecond = r
+		case "qps-scale":
+			c.qpsScale = r
+		case "total-requests-per-second":
+			c.totalRequests = r
+		}
+	case "slip-ratio":
+		n, err := parseInt(arg, 0, 10)
+		if err != nil {
+			return bad(err.Error())
+		}
+		c.slipRatio = n
+	case "max-table-size":
+		n, err := parseInt(arg, 0, maxTableSize)
+		if err != nil {
+			return bad(err.Error())
+		}
+		if n == 0 {
+			n = defaultTable
+		}
+		c.maxTableSize = n
+	case "report-only":
+		b := true
+		if arg != "" {
+			var err error
+			if b, err = strconv.ParseBool(arg); err != nil {
+				return bad("want true or false")
+			}
+		}
+		c.reportOnly = b
+	case "exempt-clients":
+		p, err := parsePrefixes(arg)
+		if err != nil {
+			return bad(err.Error())
+		}
+		c.exempt = p
+	case "ipv4-request-levels", "ipv6-request-levels":
+		bitsLen, cn := 32, c.ipv4PrefixLength
+		if keyword == "ipv6-request-levels" {
+			bitsLen, cn = 128, c.ipv6PrefixLength
+		}
+		levels, err := parseLevels(arg, bitsLen)
+		if err != nil {
+			return bad(err.Error())
+		}
+		if err := checkLevelCount(levels, cn); err != nil {
+			return bad(err.Error())
+		}
+		if bitsLen == 32 {
+			c.ipv4Levels = levels
+		} else {
+			c.ipv6Levels = levels
+		}
+	case "source-port-factor":
+		f, err := parseFactor(arg)
+		if err != nil {
+			return bad(err.Error())
+		}
+		c.sourcePortFactor = f
+	case "reflection-ports":
+		ports, err := parsePorts(arg)
+		if err != nil {
+			return bad(err.Error())
+		}
+		c.reflectionPorts = ports
+	default:
+		return &ConfigError{keyword, value, "unknown keyword"}
+	}
+	return nil
+}
+
+// SetNowFunc replaces the clock the RRL reads (time.Now by default); for tests.
+func (c *Config) SetNowFunc(now func() time.Time) { c.nowFunc = now }
+
+// IsActive reports whether the Config limits anything: some allowance, requests
+// limit or capacity is non-zero.
+func (c *Config) IsActive() bool {
+	return c.responsesPerSecond > 0 || c.nodataPerSecond > 0 || c.nxdomainsPerSecond > 0 ||
+		c.referralsPerSecond > 0 || c.errorsPerSecond > 0 || c.requestsPerSecond > 0 ||
+		c.allPerSecond > 0 || c.totalRequests > 0
+}
+
+// clone returns a deep copy.
+func (c *Config) clone() *Config {
+	d := *c
+	d.exempt = slices.Clone(c.exempt)
+	d.ipv4Levels = slices.Clone(c.ipv4Levels)
+	d.ipv6Levels = slices.Clone(c.ipv6Levels)
+	d.reflectionPorts = slices.Clone(c.reflectionPorts)
+	return &d
+}
+
+// allowance returns the per-second allowance of a category, applying the rule that
+// unset categories follow responses-per-second.
+func (c *Config) allowance(cat AllowanceCategory) float64 {
+	pick := func(v float64, set bool) float64 {
+		if set {
+			return v
+		}
+		return c.responsesPerSecond
+	}
+	switch cat {
+	case AllowanceAnswer:
+		return c.responsesPerSecond
+	case AllowanceNoData:
+		return pick(c.nodataPerSecond, c.nodataSet)
+	case AllowanceNXDomain:
+		return pick(c.nxdomainsPerSecond, c.nxdomainsSet)
+	case AllowanceReferral:
+		return pick(c.referralsPerSecond, c.referralsSet)
+	case AllowanceError:
+		return pick(c.errorsPerSecond, c.errorsSet)
+	}
+	return 0
+}
+
+// requestLevels returns the prefix levels of one family (IPv4 when v4), finest first,
+// with the client-network level included, each with its limit in packets per second.
+// Levels with a zero limit are left out, so the result is empty when
+// requests-per-second is 0.
+func (c *Config) requestLevels(v4 bool) []levelLimit {
+	levels, cn := c.ipv6Levels, c.ipv6PrefixLength
+	if v4 {
+		levels, cn = c.ipv4Levels, c.ipv4PrefixLength
+	}
+	all := slices.Clone(levels)
+	if !slices.ContainsFunc(all, func(l RequestLevel) bool { return l.PrefixLen == cn }) {
+		all = append(all, RequestLevel{cn, 1})
+	}
+	slices.SortFunc(all, func(a, b RequestLevel) int { return b.PrefixLen - a.PrefixLen })
+	var out []levelLimit
+	for _, l := range all {
+		if r := l.Factor * c.requestsPerSecond; r > 0 {
+			out = append(out, levelLimit{l.PrefixLen, r})
+		}
+	}
+	return out
+}
+
+// levelLimit is a prefix length and its limit in packets per second.
+type levelLimit struct {
+	PrefixLen int
+	Limit     float64
+}
+
+func parseInt(s string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("not an integer")
+	}
+	if n < lo || n > hi {
+		return 0, fmt.Errorf("must be between %d and %d", lo, hi)
+	}
+	return n, nil
+}
+
+func parseRate(s string) (float64, error) {
+	r, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(r) || math.IsInf(r, 0) {
+		return 0, fmt.Errorf("not a number")
+	}
+	if r < 0 || r > maxRate {
+		return 0, fmt.Errorf("must be between 0 and %d", maxRate)
+	}
+	return r, nil
+}
+
+func parseFactor(s string) (float64, error) {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("not a number")
+	}
+	if f < 0 || f > 1_000_000 {
+		return 0, fmt.Errorf("factor must be between 0 and 1000000")
+	}
+	return f, nil
+}
+
+func splitList(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' })
+}
+
+func parsePrefixes(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range splitList(s) {
+		var p netip.Prefix
+		if strings.Contains(f, "/") {
+			var err error
+			if p, err = netip.ParsePrefix(f); err != nil {
+				return nil, fmt.Errorf("%q is not an address or prefix", f)
+			}
+			if p.Addr().Is4In6() && p.Bits() >= 96 {
+				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+			}
+		} else {
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				return nil, fmt.Errorf("%q is not an address or prefix", f)
+			}
+			a = a.Unmap()
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if p.Addr().Zone() != "" {
+			return nil, fmt.Errorf("%q: zones are not allowed", f)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func parseLevels(s string, bitLen int) ([]RequestLevel, error) {
+	var out []RequestLevel
+	for _, f := range splitList(s) {
+		p, fac, ok := strings.Cut(f, ":")
+		if !ok {
+			return nil, fmt.Errorf("%q: want PREFIX:FACTOR", f)
+		}
+		n, err := parseInt(p, 1, bitLen)
+		if err != nil {
+			return nil, fmt.Errorf("prefix %q: %v", p, err)
+		}
+		x, err := parseFactor(fac)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %v", f, err)
+		}
+		if slices.ContainsFunc(out, func(l RequestLevel) bool { return l.PrefixLen == n }) {
+			return nil, fmt.Errorf("prefix /%d given twice", n)
+		}
+		out = append(out, RequestLevel{n, x})
+	}
+	slices.SortFunc(out, func(a, b RequestLevel) int { return b.PrefixLen - a.PrefixLen })
+	return out, nil
+}
+
+// checkLevelCount verifies that levels plus the client-network level cn stay within
+// the maximum number of levels the filter has sketches for.
+func checkLevelCount(levels []RequestLevel, cn int) error {
+	n := len(levels)
+	if !slices.ContainsFunc(levels, func(l RequestLevel) bool { return l.PrefixLen == cn }) {
+		n++
+	}
+	if n > maxRequestLevel {
+		return fmt.Errorf("at most %d request levels per family, including the client network /%d", maxRequestLevel, cn)
+	}
+	return nil
+}
+
+func parsePorts(s string) ([]uint16, error) {
+	var out []uint16
+	for _, f := range splitList(s) {
+		n, err := parseInt(f, 0, 65535)
+		if err != nil {
+			return nil, fmt.Errorf("port %q: %v", f, err)
+		}
+		if !slices.Contains(out, uint16(n)) {
+			out = append(out, uint16(n))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}

@@ -1,0 +1,151 @@
+package rrl
+
+// Rate estimation: the per-cell estimator and the hashing shared, operation for
+// operation, with filter_bpf.c. This file is the specification of those functions;
+// the C program must produce the same bits for the same inputs.
+//
+// Estimator. Each cell holds an exponentially decayed count of the packets that
+// hashed to it and the time of its last update. On an arrival at time now the count
+// is first decayed by 2^(-(now-last)/H), then incremented by one. H, the half-life,
+// is 2^28 ns (268 ms), so the decay's time constant is tau = H/ln 2 = 387 ms. For a
+// steady rate r the count converges to r*tau (within 8% after one second, within
+// 0.6% after two), and after the source stops it halves every 268 ms (below 10% within
+// one second). The rate estimate taken at an arrival is (count - 1/2) / tau: halfway
+// between the count just before and just after the arrival, which removes the
+// first-order sawtooth bias (a steady 10 pps flow reads as 10.05 pps, not 12.6).
+// A fresh source's first packet reads as 1.3 pps and a burst of n packets as about
+// 2.6*n pps, never as the reciprocal of a tiny inter-arrival time.
+//
+// Time standing still or stepping backwards decays nothing and leaves the cell's
+// time unchanged; the arrival is still counted.
+//
+// The decay factor 2^(-d/H) is computed without floating point: d/H splits into an
+// integer part k (a right shift) and a fraction in 1/64 steps looked up in
+// decayTable, linearly interpolated in between (relative error below 2e-5).
+
+const (
+	// halfLifeShift: the estimator's half-life is 1<<halfLifeShift nanoseconds.
+	halfLifeShift = 28
+	// decayTableShift: decayTable has 1<<decayTableShift steps per half-life.
+	decayTableShift = 6
+	// rateScale is 1/tau in Fixed: ln 2 * 1e9 / 2^28 per second, 2.582 (×2^32).
+	rateScale Fixed = 11090354889
+)
+
+// decayTable[i] is 2^(-i/64) in Fixed, rounded to nearest.
+var decayTable = [1<<decayTableShift + 1]uint64{
+	4294967296, 4248701965, 4202935003, 4157661043,
+	4112874773, 4068570940, 4024744348, 3981389855,
+	3938502376, 3896076880, 3854108391, 3812591987,
+	3771522796, 3730896002, 3690706840, 3650950594,
+	3611622603, 3572718252, 3534232978, 3496162267,
+	3458501653, 3421246719, 3384393094, 3347936457,
+	3311872529, 3276197082, 3240905930, 3205994934,
+	3171459999, 3137297074, 3103502151, 3070071267,
+	3037000500, 3004285971, 2971923842, 2939910317,
+	2908241642, 2876914102, 2845924021, 2815267765,
+	2784941738, 2754942382, 2725266179, 2695909648,
+	2666869345, 2638141863, 2609723834, 2581611923,
+	2553802834, 2526293303, 2499080105, 2472160047,
+	2445529972, 2419186755, 2393127307, 2367348571,
+	2341847524, 2316621173, 2291666561, 2266980759,
+	2242560872, 2218404036, 2194507417, 2170868212,
+	2147483648,
+}
+
+// decayFactor returns 2^(-dt/2^28) for dt nanoseconds, as a Fixed in [0, 1].
+func decayFactor(dt uint64) Fixed {
+	k := dt >> halfLifeShift
+	if k >= 32 {
+		return 0
+	}
+	const fracBits = halfLifeShift - decayTableShift // 22
+	f := dt & (1<<halfLifeShift - 1)
+	i := f >> fracBits
+	r := f & (1<<fracBits - 1)
+	hi, lo := decayTable[i], decayTable[i+1]
+	v := hi - ((hi-lo)*r)>>fracBits
+	return Fixed(v >> k)
+}
+
+// cellArrive returns a cell's count and time after an arrival at now.
+func cellArrive(count Fixed, last, now uint64) (Fixed, uint64) {
+	if now > last {
+		count = count.Mul(decayFactor(now - last))
+		last = now
+	}
+	return count.Add(FixedOne), last
+}
+
+// arrivalRate is the rate estimate, in packets per second, of a cell whose count
+// includes the arrival being judged.
+func arrivalRate(count Fixed) Fixed {
+	return count.Sub(FixedHalf).Mul(rateScale)
+}
+
+// cellRate is the rate estimate of a cell read at now without an arrival (for
+// reports such as the heaviest groups).
+func cellRate(count Fixed, last, now uint64) Fixed {
+	if now > last {
+		count = count.Mul(decayFactor(now - last))
+	}
+	return count.Mul(rateScale)
+}
+
+// mix64 is the splitmix64 finaliser: a bijection with full avalanche.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// sketchHash hashes a node key: the masked source address as two 64-bit words (an
+// IPv4 address is hi 0, lo the address), the source port (0 for wildcard nodes) and
+// the node number, keyed by a per-limiter random seed so that an attacker cannot
+// aim collisions at a victim's cells.
+func sketchHash(seed, hi, lo uint64, port uint16, node uint8) uint64 {
+	h := mix64(seed ^ hi)
+	h = mix64(h ^ lo)
+	return mix64(h ^ (uint64(port)<<8 | uint64(node)))
+}
+
+// sketchIndex is the column of row in a sketch of width 1<<sketchWidthShift: each row
+// takes its own 16 bits of the hash.
+func sketchIndex(h uint64, row int) uint32 {
+	return uint32(h>>(16*row)) & (sketchWidth - 1)
+}
+
+const (
+	// sketchDepth is the number of rows of every CountMin sketch.
+	sketchDepth = 2
+	// sketchWidthShift: every row has 1<<sketchWidthShift cells.
+	sketchWidthShift = 11
+	sketchWidth      = 1 << sketchWidthShift
+	// cellBytes is the size of one cell: a Fixed count and a uint64 time.
+	cellBytes = 16
+)
+
+// Lattice nodes. The request limiter keeps one sketch per node:
+//
+//	nodes 0..4   IPv4 prefix levels, finest first (Config.requestLevels(true))
+//	nodes 5..9   IPv6 prefix levels, finest first (Config.requestLevels(false))
+//	node 10      all sources sharing one source port (/0 with the port), both families
+//	node 11      all sources (/0 without a port): the total capacity
+//
+// A node that names a source port at a prefix level above /0 would have the same limit
+// as that level's wildcard node and never a higher rate, so it could never be the
+// tightest constraint: such nodes are not kept. Levels a Config does not use stay
+// idle. The key of a level node is the source masked to the level's prefix with port
+// 0; of the port node, address 0 and the port; of the total node, all zero.
+const (
+	nodeIPv4First = 0
+	nodeIPv6First = maxRequestLevel
+	nodePort      = 2 * maxRequestLevel
+	nodeTotal     = nodePort + 1
+	numNodes      = nodeTotal + 1
+	// sketchBytes is the memory of all sketches: 12 nodes * 2 rows * 2048 cells * 16 B.
+	sketchBytes = numNodes * sketchDepth * sketchWidth * cellBytes
+)
