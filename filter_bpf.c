@@ -1,0 +1,580 @@
+//go:build ignore
+
+// The rrl socket filter: a per-source request limiter over hierarchical CountMin
+// sketches, attached to a DNS server's own UDP socket with SO_ATTACH_BPF.
+//
+// This program is the C twin of the Go model in countmin.go and hhh.go: the same
+// fixed-point format (fixedpoint.go), the same estimator, hash and node layout, and
+// the same decision, so that the same packets, clock readings and random draws give
+// the same verdicts and the same sketch cells in both. Any change here is a change
+// there, and layout_version moves with it.
+//
+// Headers are always read relative to the network header (BPF_HDR_START_NET): on a
+// live UDP socket the packet data starts at the UDP header, under BPF_PROG_TEST_RUN at
+// the IP header, and only network-relative offsets are right in both. The IP parser is
+// chosen by skb->protocol, not by the socket's family, because a dual-stack AF_INET6
+// socket also receives IPv4 packets.
+//
+// Any internal failure (a map lookup that fails, a header that cannot be read) passes
+// the packet: the filter must never drop legitimate traffic through its own fault.
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#define LAYOUT_VERSION 1
+
+#define MAX_LEVELS 5
+#define NODE_IPV4_FIRST 0
+#define NODE_IPV6_FIRST MAX_LEVELS
+#define NODE_PORT (2 * MAX_LEVELS)
+#define NODE_TOTAL (NODE_PORT + 1)
+#define NUM_NODES (NODE_TOTAL + 1)
+
+#define SKETCH_DEPTH 2
+#define SKETCH_WIDTH_SHIFT 11
+#define SKETCH_WIDTH (1 << SKETCH_WIDTH_SHIFT)
+#define NUM_CELLS (NUM_NODES * SKETCH_DEPTH * SKETCH_WIDTH)
+
+#define HALF_LIFE_SHIFT 28
+#define DECAY_TABLE_SHIFT 6
+#define DECAY_FRAC_BITS (HALF_LIFE_SHIFT - DECAY_TABLE_SHIFT)
+#define RATE_SCALE 11090354889ULL
+
+#define FP_ONE (1ULL << 32)
+#define FP_HALF (1ULL << 31)
+#define FP_MAX (~0ULL)
+
+// A DNS header (12 bytes) plus the smallest question (root name, type, class).
+#define MIN_DNS_LEN 17
+#define MAX_IPV6_EXT_HEADERS 6
+
+typedef __u64 fp_t;
+
+// One CountMin cell: a decayed packet count (fixed point) and the time of its last
+// update in nanoseconds.
+struct cell {
+	__u64 count;
+	__u64 last;
+};
+
+// Live settings, written by the Go side (attach.go) and read on every packet.
+struct settings {
+	__u32 layout_version;
+	__u8 report_only;
+	__u8 pad[3];
+	__u64 seed;
+	fp_t limit[NUM_NODES];    // 0: node inactive
+	__u8 prefix[NUM_NODES];   // prefix length of level nodes
+	__u8 pad2[4];
+	__u64 reflection_ports[65536 / 64]; // bitmap of source ports to drop
+};
+
+enum counter {
+	COUNTER_SEEN,
+	COUNTER_PASSED,
+	COUNTER_NOT_DNS,          // not UDP, or a later fragment: passed unjudged
+	COUNTER_DROP_SHORT,
+	COUNTER_DROP_RESPONSE,
+	COUNTER_DROP_REFLECTION,
+	COUNTER_EXEMPT,
+	COUNTER_REPORT_ONLY,      // would have been dropped, passed in report-only mode
+	COUNTER_ERROR,            // internal failure, passed
+	COUNTER_LIMITED_NODE0,    // limited by node i: COUNTER_LIMITED_NODE0 + i
+	COUNTER_MAX = COUNTER_LIMITED_NODE0 + NUM_NODES,
+};
+
+struct counters {
+	__u64 value[COUNTER_MAX];
+};
+
+struct exempt4_key {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct exempt6_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NUM_CELLS);
+	__type(key, __u32);
+	__type(value, struct cell);
+} rrl_cells SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct settings);
+} rrl_settings SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct counters);
+} rrl_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct exempt4_key);
+	__type(value, __u8);
+} rrl_exempt4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct exempt6_key);
+	__type(value, __u8);
+} rrl_exempt6 SEC(".maps");
+
+// 2^(-i/64) in fixed point, i = 0..64 (decayTable in countmin.go).
+static const __u64 decay_table[(1 << DECAY_TABLE_SHIFT) + 1] = {
+	4294967296, 4248701965, 4202935003, 4157661043,
+	4112874773, 4068570940, 4024744348, 3981389855,
+	3938502376, 3896076880, 3854108391, 3812591987,
+	3771522796, 3730896002, 3690706840, 3650950594,
+	3611622603, 3572718252, 3534232978, 3496162267,
+	3458501653, 3421246719, 3384393094, 3347936457,
+	3311872529, 3276197082, 3240905930, 3205994934,
+	3171459999, 3137297074, 3103502151, 3070071267,
+	3037000500, 3004285971, 2971923842, 2939910317,
+	2908241642, 2876914102, 2845924021, 2815267765,
+	2784941738, 2754942382, 2725266179, 2695909648,
+	2666869345, 2638141863, 2609723834, 2581611923,
+	2553802834, 2526293303, 2499080105, 2472160047,
+	2445529972, 2419186755, 2393127307, 2367348571,
+	2341847524, 2316621173, 2291666561, 2266980759,
+	2242560872, 2218404036, 2194507417, 2170868212,
+	2147483648,
+};
+
+// ---- Fixed point (fixedpoint.go) ----
+
+// fp_mul is Fixed.Mul: floor(a*b / 2^32) from four 32x32-bit partial products,
+// since BPF has no 128-bit multiply. Modulo 2^64 it is the exact floor, so it equals
+// the Go result bit for bit.
+static __always_inline fp_t fp_mul(fp_t a, fp_t b)
+{
+	__u64 ah = a >> 32, al = a & 0xffffffff;
+	__u64 bh = b >> 32, bl = b & 0xffffffff;
+	return ((ah * bh) << 32) + ah * bl + al * bh + ((al * bl) >> 32);
+}
+
+// fp_div is Fixed.Div: floor(a * 2^32 / b) by long division over the 96-bit
+// dividend, FP_MAX when b is 0 or the quotient does not fit.
+static __always_inline fp_t fp_div(fp_t a, fp_t b)
+{
+	__u64 rem = a >> 32, lo = a << 32, q = 0;
+	if (b == 0 || rem >= b)
+		return FP_MAX;
+	for (int i = 0; i < 64; i++) {
+		__u64 carry = rem >> 63;
+		rem = (rem << 1) | (lo >> 63);
+		lo <<= 1;
+		q <<= 1;
+		if (carry || rem >= b) {
+			rem -= b;
+			q |= 1;
+		}
+	}
+	return q;
+}
+
+static __always_inline fp_t fp_add(fp_t a, fp_t b)
+{
+	fp_t s = a + b;
+	return s < a ? FP_MAX : s;
+}
+
+static __always_inline fp_t fp_sub(fp_t a, fp_t b)
+{
+	return b > a ? 0 : a - b;
+}
+
+// ---- Estimator (countmin.go) ----
+
+static __always_inline fp_t decay_factor(__u64 dt)
+{
+	__u64 k = dt >> HALF_LIFE_SHIFT;
+	if (k >= 32)
+		return 0;
+	__u64 f = dt & ((1ULL << HALF_LIFE_SHIFT) - 1);
+	__u64 i = f >> DECAY_FRAC_BITS;
+	__u64 r = f & ((1ULL << DECAY_FRAC_BITS) - 1);
+	__u64 hi = decay_table[i], lo = decay_table[i + 1];
+	return (hi - (((hi - lo) * r) >> DECAY_FRAC_BITS)) >> k;
+}
+
+// cell_arrive decays a cell to now and counts one arrival (cellArrive).
+static __always_inline void cell_arrive(struct cell *c, __u64 now)
+{
+	fp_t count = c->count;
+	if (now > c->last) {
+		count = fp_mul(count, decay_factor(now - c->last));
+		c->last = now;
+	}
+	c->count = fp_add(count, FP_ONE);
+}
+
+static __always_inline fp_t arrival_rate(fp_t count)
+{
+	return fp_mul(fp_sub(count, FP_HALF), RATE_SCALE);
+}
+
+static __always_inline __u64 mix64(__u64 x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+static __always_inline __u64 sketch_hash(__u64 seed, __u64 hi, __u64 lo, __u16 port, __u8 node)
+{
+	__u64 h = mix64(seed ^ hi);
+	h = mix64(h ^ lo);
+	return mix64(h ^ (((__u64)port << 8) | node));
+}
+
+// ---- Packet parsing ----
+
+struct packet {
+	__u64 hi, lo;      // source address: IPv4 in lo, IPv6 big-endian words
+	__u16 sport;
+	__u8 v4;
+	__u8 dns_flags;    // third byte of the DNS header (QR, opcode, AA, TC, RD)
+	__u32 dns_len;     // UDP payload length
+};
+
+enum parse_result {
+	PARSE_OK,
+	PARSE_NOT_DNS,  // not UDP or no UDP header in this packet: pass unjudged
+	PARSE_ERROR,    // a header could not be read: pass
+};
+
+static __always_inline int load_net(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
+{
+	return bpf_skb_load_bytes_relative(skb, off, to, len, BPF_HDR_START_NET);
+}
+
+static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
+{
+	__u32 off;
+
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+		if (load_net(skb, 0, &ip, sizeof(ip)))
+			return PARSE_ERROR;
+		if (ip.protocol != IPPROTO_UDP || (ip.frag_off & bpf_htons(0x1fff)))
+			return PARSE_NOT_DNS;
+		off = ip.ihl * 4;
+		if (off < sizeof(ip))
+			return PARSE_ERROR;
+		p->v4 = 1;
+		p->hi = 0;
+		p->lo = bpf_ntohl(ip.saddr);
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+		if (load_net(skb, 0, &ip6, sizeof(ip6)))
+			return PARSE_ERROR;
+		__u8 next = ip6.nexthdr;
+		off = sizeof(ip6);
+		// Walk the extension headers that may precede UDP.
+		for (int i = 0; i < MAX_IPV6_EXT_HEADERS; i++) {
+			__u8 ext[8];
+			if (next != IPPROTO_HOPOPTS && next != IPPROTO_ROUTING &&
+			    next != IPPROTO_DSTOPTS && next != IPPROTO_FRAGMENT &&
+			    next != IPPROTO_AH)
+				break;
+			if (load_net(skb, off, ext, sizeof(ext)))
+				return PARSE_ERROR;
+			if (next == IPPROTO_FRAGMENT) {
+				// Only the first fragment carries the UDP header.
+				if (((ext[2] << 8) | ext[3]) & 0xfff8)
+					return PARSE_NOT_DNS;
+				off += 8;
+			} else if (next == IPPROTO_AH) {
+				off += ((__u32)ext[1] + 2) * 4;
+			} else {
+				off += ((__u32)ext[1] + 1) * 8;
+			}
+			next = ext[0];
+		}
+		if (next != IPPROTO_UDP)
+			return PARSE_NOT_DNS;
+		__u64 hi, lo;
+		__builtin_memcpy(&hi, &ip6.saddr.in6_u.u6_addr8[0], 8);
+		__builtin_memcpy(&lo, &ip6.saddr.in6_u.u6_addr8[8], 8);
+		hi = bpf_be64_to_cpu(hi);
+		lo = bpf_be64_to_cpu(lo);
+		if (hi == 0 && (lo >> 32) == 0xffff) {
+			// IPv4-mapped: an IPv4 client, as in the Go model.
+			p->v4 = 1;
+			p->hi = 0;
+			p->lo = lo & 0xffffffff;
+		} else {
+			p->v4 = 0;
+			p->hi = hi;
+			p->lo = lo;
+		}
+	} else {
+		return PARSE_NOT_DNS;
+	}
+
+	struct udphdr udp;
+	if (load_net(skb, off, &udp, sizeof(udp)))
+		return PARSE_ERROR;
+	p->sport = bpf_ntohs(udp.source);
+	__u32 ulen = bpf_ntohs(udp.len);
+	p->dns_len = ulen >= sizeof(udp) ? ulen - sizeof(udp) : 0;
+	p->dns_flags = 0;
+	if (p->dns_len >= 3) {
+		if (load_net(skb, off + sizeof(udp) + 2, &p->dns_flags, 1))
+			return PARSE_ERROR;
+	}
+	return PARSE_OK;
+}
+
+// ---- Decision ----
+
+static __always_inline void count(struct counters *c, __u32 which)
+{
+	if (c && which < COUNTER_MAX)
+		c->value[which]++;
+}
+
+static __always_inline int is_exempt(struct packet *p)
+{
+	if (p->v4) {
+		struct exempt4_key k = {.prefixlen = 32};
+		__u32 a = bpf_htonl((__u32)p->lo);
+		__builtin_memcpy(k.addr, &a, 4);
+		return bpf_map_lookup_elem(&rrl_exempt4, &k) != NULL;
+	}
+	struct exempt6_key k = {.prefixlen = 128};
+	__u64 hi = bpf_cpu_to_be64(p->hi), lo = bpf_cpu_to_be64(p->lo);
+	__builtin_memcpy(&k.addr[0], &hi, 8);
+	__builtin_memcpy(&k.addr[8], &lo, 8);
+	return bpf_map_lookup_elem(&rrl_exempt6, &k) != NULL;
+}
+
+// node_check counts the packet in node's sketch and reports whether the node lets
+// it pass for the draw rnd: 1 pass, 0 limited, -1 internal error.
+static __always_inline int node_check(struct settings *s, __u32 node, __u64 hi, __u64 lo,
+				      __u16 port, __u64 now, __u32 rnd)
+{
+	__u64 h = sketch_hash(s->seed, hi, lo, port, node);
+	fp_t min = FP_MAX;
+
+	for (__u32 row = 0; row < SKETCH_DEPTH; row++) {
+		__u32 col = (__u32)(h >> (16 * row)) & (SKETCH_WIDTH - 1);
+		__u32 idx = (node * SKETCH_DEPTH + row) * SKETCH_WIDTH + col;
+		struct cell *c = bpf_map_lookup_elem(&rrl_cells, &idx);
+		if (!c)
+			return -1;
+		cell_arrive(c, now);
+		if (c->count < min)
+			min = c->count;
+	}
+	return fp_mul((fp_t)rnd, arrival_rate(min)) < s->limit[node];
+}
+
+static __always_inline void mask_level(struct packet *p, __u8 prefix, __u64 *hi, __u64 *lo)
+{
+	if (p->v4) {
+		*hi = 0;
+		*lo = prefix == 0 ? 0 : p->lo & (0xffffffffULL << (32 - prefix)) & 0xffffffffULL;
+		return;
+	}
+	if (prefix >= 128) {
+		*hi = p->hi;
+		*lo = p->lo;
+	} else if (prefix > 64) {
+		*hi = p->hi;
+		*lo = p->lo & (~0ULL << (128 - prefix));
+	} else if (prefix == 64) {
+		*hi = p->hi;
+		*lo = 0;
+	} else if (prefix > 0) {
+		*hi = p->hi & (~0ULL << (64 - prefix));
+		*lo = 0;
+	} else {
+		*hi = 0;
+		*lo = 0;
+	}
+}
+
+// filter judges one packet; now (ns) and rnd (uniform 32-bit) are arguments so that
+// tests can replay the Go model's inputs. It returns the number of bytes to keep:
+// 0 drops the packet.
+static __always_inline int filter(struct __sk_buff *skb, __u64 now, __u32 rnd)
+{
+	__u32 zero = 0;
+	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
+	struct settings *s = bpf_map_lookup_elem(&rrl_settings, &zero);
+	struct packet p = {};
+
+	count(c, COUNTER_SEEN);
+	if (!s) {
+		count(c, COUNTER_ERROR);
+		goto pass;
+	}
+
+	switch (parse(skb, &p)) {
+	case PARSE_OK:
+		break;
+	case PARSE_NOT_DNS:
+		count(c, COUNTER_NOT_DNS);
+		goto pass;
+	default:
+		count(c, COUNTER_ERROR);
+		goto pass;
+	}
+
+	// Stateless checks: what can never be a query to this server.
+	if (p.dns_len < MIN_DNS_LEN) {
+		count(c, COUNTER_DROP_SHORT);
+		return 0;
+	}
+	if (p.dns_flags & 0x80) {
+		count(c, COUNTER_DROP_RESPONSE);
+		return 0;
+	}
+	if (s->reflection_ports[(p.sport >> 6) & 1023] & (1ULL << (p.sport & 63))) {
+		count(c, COUNTER_DROP_REFLECTION);
+		return 0;
+	}
+	if (is_exempt(&p)) {
+		count(c, COUNTER_EXEMPT);
+		goto pass;
+	}
+
+	// The lattice: every active node of the packet counts it, then it passes only if
+	// every node lets it through for the one draw rnd, which is probability
+	// min(limit/rate) over the nodes. The first node that refuses is the decider.
+	__u32 first = p.v4 ? NODE_IPV4_FIRST : NODE_IPV6_FIRST;
+	int decider = -1;
+	for (__u32 i = 0; i < MAX_LEVELS; i++) {
+		__u32 node = first + i;
+		if (node >= NUM_NODES || s->limit[node] == 0)
+			continue;
+		__u64 hi, lo;
+		mask_level(&p, s->prefix[node], &hi, &lo);
+		int r = node_check(s, node, hi, lo, 0, now, rnd);
+		if (r < 0) {
+			count(c, COUNTER_ERROR);
+			goto pass;
+		}
+		if (!r && decider < 0)
+			decider = node;
+	}
+	if (s->limit[NODE_PORT]) {
+		int r = node_check(s, NODE_PORT, 0, 0, p.sport, now, rnd);
+		if (r < 0) {
+			count(c, COUNTER_ERROR);
+			goto pass;
+		}
+		if (!r && decider < 0)
+			decider = NODE_PORT;
+	}
+	if (s->limit[NODE_TOTAL]) {
+		int r = node_check(s, NODE_TOTAL, 0, 0, 0, now, rnd);
+		if (r < 0) {
+			count(c, COUNTER_ERROR);
+			goto pass;
+		}
+		if (!r && decider < 0)
+			decider = NODE_TOTAL;
+	}
+
+	if (decider >= 0) {
+		count(c, COUNTER_LIMITED_NODE0 + decider);
+		if (!s->report_only)
+			return 0;
+		count(c, COUNTER_REPORT_ONLY);
+	}
+pass:
+	count(c, COUNTER_PASSED);
+	return skb->len;
+}
+
+SEC("socket")
+int rrl_filter(struct __sk_buff *skb)
+{
+	return filter(skb, bpf_ktime_get_ns(), bpf_get_prandom_u32());
+}
+
+// ---- Test-only entry points: never loaded by Attach. ----
+
+// test_input feeds rrl_filter_test its clock and draw, so a test can replay exactly
+// what it gives the Go model.
+struct test_input {
+	__u64 now;
+	__u32 rnd;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct test_input);
+} rrl_test_input SEC(".maps");
+
+SEC("socket")
+int rrl_filter_test(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct test_input *in = bpf_map_lookup_elem(&rrl_test_input, &zero);
+	if (!in)
+		return skb->len;
+	return filter(skb, in->now, in->rnd);
+}
+
+// fp_ops_test evaluates the fixed-point and estimator primitives on inputs from
+// rrl_test_fp, so the tests can compare them with the Go functions bit for bit.
+struct test_fp {
+	__u64 a, b;
+	__u64 mul, div, add, sub, decay, rate, hash;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct test_fp);
+} rrl_test_fp SEC(".maps");
+
+SEC("socket")
+int rrl_fp_test(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct test_fp *t = bpf_map_lookup_elem(&rrl_test_fp, &zero);
+	if (!t)
+		return 0;
+	t->mul = fp_mul(t->a, t->b);
+	t->div = fp_div(t->a, t->b);
+	t->add = fp_add(t->a, t->b);
+	t->sub = fp_sub(t->a, t->b);
+	t->decay = decay_factor(t->a);
+	t->rate = arrival_rate(t->a);
+	t->hash = sketch_hash(t->a, t->b, t->a ^ t->b, (__u16)t->b, (__u8)t->a);
+	return 1;
+}

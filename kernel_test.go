@@ -1,0 +1,129 @@
+package rrl
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
+)
+
+// requireBPF skips t when the process may not load eBPF programs, unless
+// RRL_REQUIRE_BPF=1 asks for such tests to fail instead.
+func requireBPF(t testing.TB) {
+	t.Helper()
+	err := rlimit.RemoveMemlock()
+	if err == nil {
+		spec, serr := loadFilter()
+		if serr != nil {
+			t.Fatalf("loading the embedded BPF spec: %v", serr)
+		}
+		var objs struct {
+			Counters *ebpf.Map `ebpf:"rrl_counters"`
+		}
+		err = spec.LoadAndAssign(&objs, nil)
+		if err == nil {
+			objs.Counters.Close()
+			return
+		}
+	}
+	if os.Getenv("RRL_REQUIRE_BPF") == "1" {
+		t.Fatalf("eBPF not available but RRL_REQUIRE_BPF=1: %v", err)
+	}
+	if errors.Is(err, os.ErrPermission) {
+		t.Skipf("needs CAP_BPF (run as root, or set RRL_REQUIRE_BPF=1 to fail instead): %v", err)
+	}
+	t.Skipf("eBPF unavailable: %v", err)
+}
+
+// testObjects are the test-only programs and maps, loaded only by tests.
+type testObjects struct {
+	FilterTest *ebpf.Program `ebpf:"rrl_filter_test"`
+	FPTest     *ebpf.Program `ebpf:"rrl_fp_test"`
+	TestInput  *ebpf.Map     `ebpf:"rrl_test_input"`
+	TestFP     *ebpf.Map     `ebpf:"rrl_test_fp"`
+	Cells      *ebpf.Map     `ebpf:"rrl_cells"`
+	Settings   *ebpf.Map     `ebpf:"rrl_settings"`
+	Counters   *ebpf.Map     `ebpf:"rrl_counters"`
+	Exempt4    *ebpf.Map     `ebpf:"rrl_exempt4"`
+	Exempt6    *ebpf.Map     `ebpf:"rrl_exempt6"`
+}
+
+func (o *testObjects) Close() {
+	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6} {
+		c.Close()
+	}
+}
+
+func loadTestObjects(t testing.TB) *testObjects {
+	t.Helper()
+	requireBPF(t)
+	spec, err := loadFilter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs testObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		t.Fatalf("load test objects: %v", err)
+	}
+	t.Cleanup(objs.Close)
+	return &objs
+}
+
+// ethFrame prefixes payload with the Ethernet header BPF_PROG_TEST_RUN expects.
+func ethFrame(etherType uint16, payload []byte) []byte {
+	f := make([]byte, 14, 14+len(payload))
+	f[12], f[13] = byte(etherType>>8), byte(etherType)
+	return append(f, payload...)
+}
+
+func TestKernelFixedPointMatchesGo(t *testing.T) {
+	objs := loadTestObjects(t)
+	r := rand.New(rand.NewPCG(1, 2))
+	edge := []uint64{0, 1, 2, 1 << 31, 1 << 32, 1<<32 + 1, 1<<63 - 1, 1 << 63, ^uint64(0), 0xffffffff, 12345678901234}
+	pkt := ethFrame(0x0800, make([]byte, 40))
+	for i := 0; i < 3000; i++ {
+		var a, b uint64
+		switch {
+		case i < len(edge)*len(edge):
+			a, b = edge[i/len(edge)], edge[i%len(edge)]
+		case i%3 == 0:
+			a, b = r.Uint64(), r.Uint64()
+		case i%3 == 1:
+			a, b = r.Uint64N(1<<40), r.Uint64N(1<<36)
+		default:
+			a, b = r.Uint64N(1<<34), r.Uint64N(1<<33)
+		}
+		in := filterTestFp{A: a, B: b}
+		if err := objs.TestFP.Put(uint32(0), &in); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := objs.FPTest.Run(&ebpf.RunOptions{Data: pkt}); err != nil {
+			t.Fatal(err)
+		}
+		var out filterTestFp
+		if err := objs.TestFP.Lookup(uint32(0), &out); err != nil {
+			t.Fatal(err)
+		}
+		fa, fb := Fixed(a), Fixed(b)
+		checks := []struct {
+			name      string
+			got, want uint64
+		}{
+			{"mul", out.Mul, uint64(fa.Mul(fb))},
+			{"div", out.Div, uint64(fa.Div(fb))},
+			{"add", out.Add, uint64(fa.Add(fb))},
+			{"sub", out.Sub, uint64(fa.Sub(fb))},
+			{"decay", out.Decay, uint64(decayFactor(a))},
+			{"rate", out.Rate, uint64(arrivalRate(fa))},
+			{"hash", out.Hash, sketchHash(a, b, a^b, uint16(b), uint8(a))},
+		}
+		for _, c := range checks {
+			if c.got != c.want {
+				t.Fatalf("%s(%#x, %#x): kernel %#x, Go %#x", c.name, a, b, c.got, c.want)
+			}
+		}
+	}
+}
