@@ -1,0 +1,327 @@
+package rrl
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// FilterMode says which layer of protection a Filter installed on its sockets.
+type FilterMode int
+
+const (
+	// ModeNone: nothing is attached (a closed Filter).
+	ModeNone FilterMode = iota
+	// ModeClassic: only the stateless classic-BPF prefilter is attached (eBPF could not
+	// be loaded). Combine it with a Limiter in Go: call Limiter.Allow after reading each
+	// packet and discard the packets it refuses.
+	ModeClassic
+	// ModeEBPF: the eBPF filter with the request limiter is attached.
+	ModeEBPF
+)
+
+func (m FilterMode) String() string {
+	switch m {
+	case ModeNone:
+		return "none"
+	case ModeClassic:
+		return "classic"
+	case ModeEBPF:
+		return "ebpf"
+	}
+	return fmt.Sprintf("FilterMode(%d)", int(m))
+}
+
+// layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
+// LAYOUT_VERSION is the same number.
+const layoutVersion = 1
+
+// Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
+// limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
+// (ModeClassic). Every socket attached through one Filter shares its limits and
+// sketches, so the sockets of a SO_REUSEPORT group hold one limit together.
+//
+// Its maps take about 800 KiB of kernel memory whatever the traffic: the sketches
+// (768 KiB), the settings (8.3 KiB, mostly the reflection-port bitmap), per-CPU
+// counters and two small exempt-prefix tries.
+//
+// A Filter is safe for concurrent use.
+type Filter struct {
+	mu      sync.Mutex
+	mode    FilterMode
+	cfg     *Config
+	seed    uint64
+	objs    *kernelObjects
+	sockets []syscall.Conn
+}
+
+// kernelObjects are the program and maps production loads: test-only programs and
+// maps in filter_bpf.c stay out of the kernel.
+type kernelObjects struct {
+	Program  *ebpf.Program `ebpf:"rrl_filter"`
+	Cells    *ebpf.Map     `ebpf:"rrl_cells"`
+	Settings *ebpf.Map     `ebpf:"rrl_settings"`
+	Counters *ebpf.Map     `ebpf:"rrl_counters"`
+	Exempt4  *ebpf.Map     `ebpf:"rrl_exempt4"`
+	Exempt6  *ebpf.Map     `ebpf:"rrl_exempt6"`
+}
+
+func (o *kernelObjects) Close() error {
+	var errs []error
+	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6} {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Attach protects conn, a UDP socket (*net.UDPConn, or anything with SyscallConn),
+// with the eBPF filter configured by cfg (nil means NewConfig()).
+//
+// When the kernel refuses to load eBPF (no CAP_BPF), Attach still attaches the
+// classic-BPF prefilter and returns the Filter together with an error for which
+// errors.Is(err, ErrNotPermitted) holds: a caller that only logs the error keeps the
+// stateless protection, and Mode reports ModeClassic.
+func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
+	if cfg == nil {
+		cfg = NewConfig()
+	}
+	f := &Filter{cfg: cfg.clone()}
+	objs, err := loadKernelObjects()
+	if err != nil {
+		if !errors.Is(err, ErrNotPermitted) {
+			return nil, err
+		}
+		if cerr := attachClassic(conn, f.cfg); cerr != nil {
+			return nil, errors.Join(err, fmt.Errorf("classic fallback: %w", cerr))
+		}
+		f.mode = ModeClassic
+		f.sockets = append(f.sockets, conn)
+		return f, err
+	}
+	f.objs = objs
+	f.mode = ModeEBPF
+	if f.seed, err = randomSeed(); err == nil {
+		err = f.writeSettings(f.cfg)
+	}
+	if err == nil {
+		err = f.attachEBPF(conn)
+	}
+	if err != nil {
+		objs.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func loadKernelObjects() (*kernelObjects, error) {
+	// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones ignore it.
+	_ = rlimit.RemoveMemlock()
+	spec, err := loadFilter()
+	if err != nil {
+		return nil, fmt.Errorf("rrl: filter spec: %w", err)
+	}
+	var objs kernelObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || errors.Is(err, os.ErrPermission) {
+			return nil, permissionError("load eBPF filter", err)
+		}
+		return nil, fmt.Errorf("rrl: load eBPF filter: %w", err)
+	}
+	return &objs, nil
+}
+
+func randomSeed() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("rrl: seed: %w", err)
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}
+
+func (f *Filter) attachEBPF(conn syscall.Conn) error {
+	fd := f.objs.Program.FD()
+	err := control(conn, func(s int) error {
+		return unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_ATTACH_BPF, fd)
+	})
+	if err != nil {
+		if errors.Is(err, unix.ENOMEM) {
+			return optmemError(err)
+		}
+		return fmt.Errorf("rrl: attach filter: %w", err)
+	}
+	f.sockets = append(f.sockets, conn)
+	return nil
+}
+
+// Attach adds another socket, typically one more of a SO_REUSEPORT group, to f: it
+// shares f's limits and sketches.
+func (f *Filter) Attach(conn syscall.Conn) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch f.mode {
+	case ModeEBPF:
+		return f.attachEBPF(conn)
+	case ModeClassic:
+		if err := attachClassic(conn, f.cfg); err != nil {
+			return err
+		}
+		f.sockets = append(f.sockets, conn)
+		return nil
+	}
+	return ErrClosed
+}
+
+// Update applies cfg to the running filter without losing its sketches: limits,
+// levels, report-only, exempt-clients and reflection ports change at once for every
+// attached socket.
+func (f *Filter) Update(cfg *Config) error {
+	if cfg == nil {
+		cfg = NewConfig()
+	}
+	cfg = cfg.clone()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch f.mode {
+	case ModeEBPF:
+		if err := f.writeSettings(cfg); err != nil {
+			return err
+		}
+	case ModeClassic:
+		for _, s := range f.sockets {
+			if err := attachClassic(s, cfg); err != nil {
+				return err
+			}
+		}
+	default:
+		return ErrClosed
+	}
+	f.cfg = cfg
+	return nil
+}
+
+// Mode reports which filter is attached.
+func (f *Filter) Mode() FilterMode {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mode
+}
+
+// Close detaches the filter from every socket it was attached to and frees its
+// programs and maps. Closing twice is harmless.
+func (f *Filter) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var errs []error
+	for _, s := range f.sockets {
+		if err := detachFilter(s); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
+			errs = append(errs, err)
+		}
+	}
+	f.sockets = nil
+	if f.objs != nil {
+		errs = append(errs, f.objs.Close())
+		f.objs = nil
+	}
+	f.mode = ModeNone
+	return errors.Join(errs...)
+}
+
+// latticeOf returns every node's limit and prefix length under cfg: the table the
+// kernel reads from its settings map and the Go Limiter keeps.
+func latticeOf(cfg *Config) (limits [numNodes]Fixed, prefixes [numNodes]uint8) {
+	for i, l := range cfg.requestLevels(true) {
+		limits[nodeIPv4First+i] = FixedFromFloat(l.Limit)
+		prefixes[nodeIPv4First+i] = uint8(l.PrefixLen)
+	}
+	for i, l := range cfg.requestLevels(false) {
+		limits[nodeIPv6First+i] = FixedFromFloat(l.Limit)
+		prefixes[nodeIPv6First+i] = uint8(l.PrefixLen)
+	}
+	limits[nodePort] = FixedFromFloat(cfg.requestsPerSecond * cfg.sourcePortFactor)
+	limits[nodeTotal] = FixedFromFloat(cfg.totalRequests)
+	return limits, prefixes
+}
+
+// kernelSettings builds the settings map value for cfg.
+func kernelSettings(cfg *Config, seed uint64) *filterSettings {
+	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed}
+	if cfg.reportOnly {
+		s.ReportOnly = 1
+	}
+	limits, prefixes := latticeOf(cfg)
+	for i := range limits {
+		s.Limit[i] = uint64(limits[i])
+		s.Prefix[i] = prefixes[i]
+	}
+	for _, p := range cfg.reflectionPorts {
+		s.ReflectionPorts[p>>6] |= 1 << (p & 63)
+	}
+	return s
+}
+
+func (f *Filter) writeSettings(cfg *Config) error {
+	if err := f.objs.Settings.Put(uint32(0), kernelSettings(cfg, f.seed)); err != nil {
+		return fmt.Errorf("rrl: write settings: %w", err)
+	}
+	if err := replaceExempt(f.objs.Exempt4, f.objs.Exempt6, cfg.exempt); err != nil {
+		return fmt.Errorf("rrl: write exempt-clients: %w", err)
+	}
+	return nil
+}
+
+// replaceExempt makes the exempt tries hold exactly prefixes.
+func replaceExempt(m4, m6 *ebpf.Map, prefixes []netip.Prefix) error {
+	want4 := map[filterExempt4Key]bool{}
+	want6 := map[filterExempt6Key]bool{}
+	for _, p := range prefixes {
+		if p.Addr().Is4() {
+			want4[filterExempt4Key{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}] = true
+		} else {
+			want6[filterExempt6Key{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}] = true
+		}
+	}
+	if len(want4) > int(m4.MaxEntries()) || len(want6) > int(m6.MaxEntries()) {
+		return fmt.Errorf("more than %d exempt prefixes per family", m4.MaxEntries())
+	}
+	if err := syncTrie(m4, want4); err != nil {
+		return err
+	}
+	return syncTrie(m6, want6)
+}
+
+func syncTrie[K comparable](m *ebpf.Map, want map[K]bool) error {
+	var k K
+	var stale []K
+	var v uint8
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	for k := range want {
+		if err := m.Put(k, uint8(1)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,202 @@
+package rrl
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+// flow is one group of traffic in a live test: rate packets per second from start to
+// end, each packet from src(i) for its i-th packet.
+type flow struct {
+	name       string
+	rate       float64
+	start, end time.Duration
+	src        func(i int) netip.AddrPort
+	payload    []byte
+}
+
+// liveRun is what one live run sent and what the server received.
+type liveRun struct {
+	flows    []flow
+	sentAt   [][]time.Duration // per flow, when each packet was sent
+	received [][]time.Duration // per flow, when each received packet arrived
+	unknown  int               // received from a source no flow sent from
+	filter   FilterStats
+}
+
+// runLive sends flows through raw sockets to srv for dur and collects what srv reads.
+// Sources of different flows must not overlap.
+func runLive(t *testing.T, srv *udpServer, f *Filter, flows []flow, dur time.Duration) *liveRun {
+	t.Helper()
+	raw := newRawSender(t, srv.addr)
+	owner := map[netip.AddrPort]int{}
+	var ownerMu sync.Mutex
+	run := &liveRun{flows: flows, sentAt: make([][]time.Duration, len(flows)), received: make([][]time.Duration, len(flows))}
+
+	start := time.Now()
+	done := make(chan []reception)
+	go func() { done <- srv.collect(start, 300*time.Millisecond, dur+5*time.Second) }()
+
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for now := time.Since(start); now < dur; now = time.Since(start) {
+		for fi, fl := range flows {
+			if now < fl.start {
+				continue
+			}
+			until := min(now, fl.end)
+			due := int(fl.rate*(until-fl.start).Seconds()) - len(run.sentAt[fi])
+			for ; due > 0; due-- {
+				src := fl.src(len(run.sentAt[fi]))
+				ownerMu.Lock()
+				owner[src] = fi
+				ownerMu.Unlock()
+				payload := fl.payload
+				if payload == nil {
+					payload = dnsQuery(uint16(len(run.sentAt[fi])), false)
+				}
+				raw.send(t, ipv4Packet(src, srv.addr, nil, payload))
+				run.sentAt[fi] = append(run.sentAt[fi], time.Since(start))
+			}
+		}
+		<-tick.C
+	}
+	for _, r := range <-done {
+		ownerMu.Lock()
+		fi, ok := owner[r.from]
+		ownerMu.Unlock()
+		if !ok {
+			run.unknown++
+			continue
+		}
+		run.received[fi] = append(run.received[fi], r.at)
+	}
+	var err error
+	if run.filter, err = f.Stats(); err != nil {
+		t.Fatal(err)
+	}
+	total := run.unknown
+	for _, r := range run.received {
+		total += len(r)
+	}
+	// Every packet the filter passed must have been read: otherwise the socket
+	// queue overflowed and the counts below would mistake overflow for limiting.
+	if uint64(total) != run.filter.Passed {
+		t.Fatalf("filter passed %d packets but the server read %d: receive buffer overflow, run not meaningful", run.filter.Passed, total)
+	}
+	return run
+}
+
+func count(ts []time.Duration, from, to time.Duration) int {
+	n := 0
+	for _, t := range ts {
+		if t >= from && t < to {
+			n++
+		}
+	}
+	return n
+}
+
+// admitted returns the received rate of flow fi over [from, to), packets per second.
+func (r *liveRun) admitted(fi int, from, to time.Duration) float64 {
+	return float64(count(r.received[fi], from, to)) / (to - from).Seconds()
+}
+
+// loss is the fraction of flow fi's packets that did not arrive.
+func (r *liveRun) loss(fi int) float64 {
+	if len(r.sentAt[fi]) == 0 {
+		return 0
+	}
+	return 1 - float64(len(r.received[fi]))/float64(len(r.sentAt[fi]))
+}
+
+func (r *liveRun) report(t *testing.T) {
+	for fi, fl := range r.flows {
+		t.Logf("%-12s sent %6d received %6d (loss %.2f%%)", fl.name, len(r.sentAt[fi]), len(r.received[fi]), 100*r.loss(fi))
+	}
+	t.Logf("filter: %+v", r.filter)
+}
+
+func within(got, want, tol float64) bool { return got >= want*(1-tol) && got <= want*(1+tol) }
+
+// legitFlows are ordinary clients: n sources in distinct /16s (127.100+i.0.1), each
+// on its own ephemeral-range port, at rate pps each, sending minimal queries.
+func legitFlows(n int, rate float64, dur time.Duration) []flow {
+	var out []flow
+	for i := 0; i < n; i++ {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, byte(100 + i), 0, 1}), uint16(50000+i))
+		out = append(out, flow{name: fmt.Sprintf("legit%d", i), rate: rate, end: dur, src: func(int) netip.AddrPort { return src }})
+	}
+	return out
+}
+
+func attachLive(t *testing.T, rps string) (*udpServer, *Filter) {
+	t.Helper()
+	requireBPF(t)
+	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+	cfg := NewConfig()
+	if err := cfg.SetValue("requests-per-second", rps); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Attach(srv.conn, cfg)
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if f.Mode() != ModeEBPF {
+		t.Fatalf("mode %v, want ebpf", f.Mode())
+	}
+	return srv, f
+}
+
+// TestLiveLimiterScenarios runs the request limiter's effectiveness scenarios on a
+// real socket: what the server reads is held to each attacked group's limit while
+// other clients lose nothing.
+func TestLiveLimiterScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood scenarios take about 20 s")
+	}
+	const L = 500.0
+	const dur = 3500 * time.Millisecond
+	const from, to = 1500 * time.Millisecond, dur // steady state, after convergence
+	rng := rand.New(rand.NewPCG(7, 7))
+	v4 := func(a, b, c, d byte, port uint16) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{a, b, c, d}), port)
+	}
+	scenarios := []struct {
+		name   string
+		attack []flow
+	}{
+		{"one heavy source at 10x", []flow{{name: "heavy", rate: 10 * L, end: dur,
+			src: func(int) netip.AddrPort { return v4(127, 1, 1, 1, 40000) }}}},
+		{"a /24 of 200 sources at 20x together", []flow{{name: "slash24", rate: 20 * L, end: dur,
+			src: func(i int) netip.AddrPort { return v4(127, 2, 2, byte(1+i%200), uint16(30000+i%200)) }}}},
+		{"10 sources in a /24 at 2x each", []flow{{name: "ten", rate: 20 * L, end: dur,
+			src: func(i int) netip.AddrPort { return v4(127, 3, 3, byte(1+i%10), uint16(30000+i%10)) }}}},
+		{"random sources on source port 23456 at 20x", []flow{{name: "port", rate: 20 * L, end: dur,
+			src: func(int) netip.AddrPort {
+				return v4(127, byte(rng.IntN(100)), byte(rng.IntN(256)), byte(1+rng.IntN(254)), 23456)
+			}}}},
+	}
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			srv, f := attachLive(t, fmt.Sprint(L))
+			flows := append(sc.attack, legitFlows(10, 0.05*L, dur)...)
+			run := runLive(t, srv, f, flows, dur)
+			run.report(t)
+			got := run.admitted(0, from, to)
+			if !within(got, L, 0.10) {
+				t.Errorf("attack admitted at %.0f pps in steady state, want %.0f ±10%%", got, L)
+			}
+			for fi := 1; fi < len(flows); fi++ {
+				if l := run.loss(fi); l >= 0.01 {
+					t.Errorf("%s lost %.2f%% of its queries, want < 1%%", flows[fi].name, 100*l)
+				}
+			}
+		})
+	}
+}

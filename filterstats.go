@@ -1,0 +1,104 @@
+package rrl
+
+import (
+	"fmt"
+)
+
+// FilterStats are the kernel filter's counters, summed over CPUs, since it was
+// loaded. Every packet the filter sees counts in Seen and then in exactly one of
+// Passed or a drop counter (DroppedShort, DroppedResponse, DroppedReflection, or a
+// node's Limited when not in report-only mode).
+type FilterStats struct {
+	Mode              FilterMode
+	Seen              uint64 // packets judged
+	Passed            uint64 // packets delivered to the socket
+	NotDNS            uint64 // not UDP, or later IP fragments: passed unjudged
+	DroppedShort      uint64 // shorter than a DNS header and a minimal question
+	DroppedResponse   uint64 // QR bit set: responses reflected at the server
+	DroppedReflection uint64 // from a reflection-ports source port
+	Exempt            uint64 // from exempt-clients: passed, not counted in the sketches
+	ReportOnly        uint64 // limited, but passed because of report-only
+	Errors            uint64 // internal failures (passed)
+	Nodes             []NodeStats
+}
+
+// NodeStats are the counters of one source group level of the request limiter.
+type NodeStats struct {
+	Node    string  // "ipv4/24", "ipv6/56", "port" (one source port), "total"
+	Limit   float64 // packets per second per group
+	Limited uint64  // packets this level refused (dropped unless report-only)
+}
+
+// Dropped is the number of packets the filter dropped, for every reason.
+func (s FilterStats) Dropped() uint64 {
+	return s.Seen - s.Passed
+}
+
+// nodeName names a lattice node for statistics and logs.
+func nodeName(node int, prefix uint8) string {
+	switch {
+	case node >= nodeIPv4First && node < nodeIPv4First+maxRequestLevel:
+		return fmt.Sprintf("ipv4/%d", prefix)
+	case node >= nodeIPv6First && node < nodeIPv6First+maxRequestLevel:
+		return fmt.Sprintf("ipv6/%d", prefix)
+	case node == nodePort:
+		return "port"
+	case node == nodeTotal:
+		return "total"
+	}
+	return fmt.Sprintf("node%d", node)
+}
+
+// Stats returns the filter's counters. In ModeClassic the classic prefilter keeps no
+// counters and only Mode is set.
+func (f *Filter) Stats() (FilterStats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := FilterStats{Mode: f.mode}
+	if f.mode != ModeEBPF {
+		return st, nil
+	}
+	var perCPU []filterCounters
+	if err := f.objs.Counters.Lookup(uint32(0), &perCPU); err != nil {
+		return st, fmt.Errorf("rrl: read counters: %w", err)
+	}
+	var sum [len(filterCounters{}.Value)]uint64
+	for _, c := range perCPU {
+		for i, v := range c.Value {
+			sum[i] += v
+		}
+	}
+	st.Seen, st.Passed, st.NotDNS = sum[counterSeen], sum[counterPassed], sum[counterNotDNS]
+	st.DroppedShort, st.DroppedResponse, st.DroppedReflection = sum[counterDropShort], sum[counterDropResponse], sum[counterDropReflection]
+	st.Exempt, st.ReportOnly, st.Errors = sum[counterExempt], sum[counterReportOnly], sum[counterError]
+	limits, prefixes := latticeOf(f.cfg)
+	for n := 0; n < numNodes; n++ {
+		if limits[n] == 0 && sum[counterLimitedNode0+n] == 0 {
+			continue
+		}
+		st.Nodes = append(st.Nodes, NodeStats{
+			Node:    nodeName(n, prefixes[n]),
+			Limit:   limits[n].Float64(),
+			Limited: sum[counterLimitedNode0+n],
+		})
+	}
+	return st, nil
+}
+
+// Indexes of struct counters in filter_bpf.c (enum counter).
+const (
+	counterSeen = iota
+	counterPassed
+	counterNotDNS
+	counterDropShort
+	counterDropResponse
+	counterDropReflection
+	counterExempt
+	counterReportOnly
+	counterError
+	counterLimitedNode0
+	counterMax = counterLimitedNode0 + numNodes
+)
+
+// The counters struct generated from filter_bpf.c must have one slot per counter.
+var _ [counterMax]struct{} = [len(filterCounters{}.Value)]struct{}{}
