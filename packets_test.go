@@ -107,11 +107,11 @@ type rawSender struct {
 
 func newRawSender(t testing.TB, dst netip.AddrPort) *rawSender {
 	t.Helper()
-	family := unix.AF_INET
-	var sa unix.Sockaddr = &unix.SockaddrInet4{Addr: dst.Addr().As4()}
-	if dst.Addr().Is6() {
-		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Addr: dst.Addr().As16()}
+	family := unix.AF_INET6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: dst.Addr().As16()}
+	if dst.Addr().Is4() {
+		family = unix.AF_INET
+		sa = &unix.SockaddrInet4{Addr: dst.Addr().As4()}
 	}
 	fd, err := unix.Socket(family, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 	if err != nil {
@@ -155,16 +155,28 @@ type reception struct {
 	size int
 }
 
-// collect reads until no datagram has arrived for quiet, or until max has passed.
-func (s *udpServer) collect(start time.Time, quiet, max time.Duration) []reception {
+// collect reads until stop is closed and then no datagram has arrived for quiet
+// (stop nil: until the first quiet period), or until max has passed.
+func (s *udpServer) collect(start time.Time, stop <-chan struct{}, quiet, max time.Duration) []reception {
 	var got []reception
 	buf := make([]byte, 2048)
 	deadline := time.Now().Add(max)
+	stopped := stop == nil
 	for time.Now().Before(deadline) {
+		if !stopped {
+			select {
+			case <-stop:
+				stopped = true
+			default:
+			}
+		}
 		s.conn.SetReadDeadline(time.Now().Add(quiet))
 		n, from, err := s.conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
-			break
+			if stopped {
+				break
+			}
+			continue
 		}
 		got = append(got, reception{time.Since(start), netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), n})
 	}

@@ -1,0 +1,333 @@
+package rrl
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// expectDelivery sends each case as one datagram and checks which ones srv reads.
+type deliveryCase struct {
+	name    string
+	src     netip.AddrPort
+	options []byte // IPv4 options, or for IPv6 any non-nil value adds a destination options header
+	payload []byte
+	pass    bool
+}
+
+func expectDelivery(t *testing.T, srv *udpServer, dst netip.AddrPort, cases []deliveryCase) {
+	t.Helper()
+	raw := newRawSender(t, dst)
+	for _, c := range cases {
+		if dst.Addr().Is4() {
+			raw.send(t, ipv4Packet(c.src, dst, c.options, c.payload))
+		} else {
+			raw.send(t, ipv6Packet(c.src, dst, c.options != nil, c.payload))
+		}
+	}
+	got := map[netip.AddrPort]int{}
+	for _, r := range srv.collect(time.Now(), nil, 200*time.Millisecond, 5*time.Second) {
+		got[r.from]++
+	}
+	for _, c := range cases {
+		if (got[c.src] > 0) != c.pass {
+			t.Errorf("%s: delivered=%v, want %v", c.name, got[c.src] > 0, c.pass)
+		}
+	}
+}
+
+func qr(q []byte) []byte { q = append([]byte(nil), q...); q[2] |= 0x80; return q }
+
+// TestLiveStatelessChecks: on a real socket (packet data starting at the UDP header)
+// the filter finds the UDP and DNS headers behind IPv4 options, never drops a minimal
+// 17-byte query, and drops what can never be a query.
+func TestLiveStatelessChecks(t *testing.T) {
+	srv, f := attachLive(t, "1000")
+	src := func(i byte, port uint16) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 7, i}), port)
+	}
+	nops := []byte{1, 1, 1, 0} // NOP NOP NOP EOL: a 24-byte IPv4 header
+	cases := []deliveryCase{
+		{"minimal 17-byte query", src(1, 54321), nil, dnsQuery(1, false), true},
+		{"EDNS query", src(2, 54322), nil, dnsQuery(2, true), true},
+		{"minimal query behind IPv4 options", src(3, 54323), nops, dnsQuery(3, false), true},
+		{"query from port 53", src(4, 53), nil, dnsQuery(4, false), true},
+		{"query from port 23456", src(5, 23456), nil, dnsQuery(5, false), true},
+		{"16 bytes", src(6, 54326), nil, dnsQuery(6, false)[:16], false},
+		{"DNS header only", src(7, 54327), nil, dnsQuery(7, false)[:12], false},
+		{"empty", src(8, 54328), nil, nil, false},
+		{"response (QR set)", src(9, 54329), nil, qr(dnsQuery(9, false)), false},
+		{"response behind IPv4 options", src(10, 54330), nops, qr(dnsQuery(10, true)), false},
+		{"from memcached 11211", src(11, 11211), nil, dnsQuery(11, false), false},
+		{"from NTP 123", src(12, 123), nil, dnsQuery(12, false), false},
+		{"from port 0", src(13, 0), nil, dnsQuery(13, false), false},
+	}
+	expectDelivery(t, srv, srv.addr, cases)
+	st, err := f.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DroppedShort != 3 || st.DroppedResponse != 2 || st.DroppedReflection != 3 || st.Passed != 5 || st.Seen != 13 {
+		t.Errorf("stats %+v: want 3 short, 2 responses, 3 reflection drops, 5 passed of 13", st)
+	}
+}
+
+// TestLiveIPv6 checks the IPv6 parser on a real socket, with and without a
+// destination options header in front of UDP.
+func TestLiveIPv6(t *testing.T) {
+	requireBPF(t)
+	srv := newUDPServer(t, "udp6", "[::1]:0")
+	f, err := Attach(srv.conn, NewConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	lo := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(netip.IPv6Loopback(), port) }
+	opts := []byte{}
+	expectDelivery(t, srv, srv.addr, []deliveryCase{
+		{"minimal query", lo(54401), nil, dnsQuery(1, false), true},
+		{"minimal query behind destination options", lo(54402), opts, dnsQuery(2, false), true},
+		{"response behind destination options", lo(54403), opts, qr(dnsQuery(3, false)), false},
+		{"short behind destination options", lo(54404), opts, dnsQuery(4, false)[:15], false},
+		{"from SSDP 1900", lo(1900), opts, dnsQuery(5, false), false},
+	})
+}
+
+// TestLiveDualStack: an AF_INET6 socket without IPV6_V6ONLY receives IPv4 too, and the
+// filter parses and limits those packets as IPv4 (skb->protocol, not the socket
+// family, picks the parser).
+func TestLiveDualStack(t *testing.T) {
+	requireBPF(t)
+	srv := newUDPServer(t, "udp", "[::]:0") // "udp6" would set IPV6_V6ONLY
+	cfg := NewConfig()
+	cfg.SetValue("requests-per-second", "500")
+	f, err := Attach(srv.conn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), srv.addr.Port())
+	src := func(i byte, port uint16) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 8, i}), port)
+	}
+	expectDelivery(t, srv, dst, []deliveryCase{
+		{"IPv4 minimal query", src(1, 54501), nil, dnsQuery(1, false), true},
+		{"IPv4 response", src(2, 54502), nil, qr(dnsQuery(2, false)), false},
+	})
+	// An IPv4 flood on the dual-stack socket is limited by the IPv4 levels.
+	raw := newRawSender(t, dst)
+	for i := 0; i < 3000; i++ {
+		raw.send(t, ipv4Packet(src(3, 54503), dst, nil, dnsQuery(uint16(i), false)))
+	}
+	srv.collect(time.Now(), nil, 200*time.Millisecond, 5*time.Second)
+	st, _ := f.Stats()
+	var v4Limited uint64
+	for _, n := range st.Nodes {
+		if n.Node == "ipv4/32" {
+			v4Limited = n.Limited
+		}
+	}
+	if v4Limited == 0 {
+		t.Errorf("IPv4 flood on a dual-stack socket not limited at ipv4/32: %+v", st)
+	}
+}
+
+func listenReusePort(t *testing.T, addr string) *udpServer {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), "udp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pc.(*net.UDPConn)
+	t.Cleanup(func() { conn.Close() })
+	control(conn, func(fd int) error {
+		return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20)
+	})
+	return &udpServer{conn: conn, addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}
+}
+
+// TestLiveReusePortShareOneLimit: two SO_REUSEPORT sockets attached through one
+// Filter hold one limit together.
+func TestLiveReusePortShareOneLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
+	requireBPF(t)
+	a := listenReusePort(t, "127.0.0.1:0")
+	b := listenReusePort(t, a.addr.String())
+	cfg := NewConfig()
+	cfg.SetValue("requests-per-second", "500")
+	f, err := Attach(a.conn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Attach(b.conn); err != nil {
+		t.Fatal(err)
+	}
+	const dur = 3 * time.Second
+	start := time.Now()
+	results := make(chan []reception, 2)
+	stop := make(chan struct{})
+	for _, s := range []*udpServer{a, b} {
+		go func() { results <- s.collect(start, stop, 300*time.Millisecond, dur+20*time.Second) }()
+	}
+	raw := newRawSender(t, a.addr)
+	sent := 0
+	for time.Since(start) < dur {
+		due := int(10000*time.Since(start).Seconds()) - sent
+		for ; due > 0; due-- {
+			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 4, 4, byte(1 + sent%40)}), uint16(40000+sent%40))
+			raw.send(t, ipv4Packet(src, a.addr, nil, dnsQuery(uint16(sent), false)))
+			sent++
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	close(stop)
+	var perSocket [2]int
+	steady := 0
+	for i := range perSocket {
+		for _, r := range <-results {
+			perSocket[i]++
+			if r.at >= 1500*time.Millisecond && r.at < dur {
+				steady++
+			}
+		}
+	}
+	rate := float64(steady) / 1.5
+	t.Logf("sent %d, received %v per socket, steady %.0f pps", sent, perSocket, rate)
+	if perSocket[0] == 0 || perSocket[1] == 0 {
+		t.Errorf("traffic did not spread over both sockets: %v", perSocket)
+	}
+	if !within(rate, 500, 0.10) {
+		t.Errorf("the /24 got %.0f pps through two sockets, want one shared limit of 500 ±10%%", rate)
+	}
+}
+
+// TestLiveReportOnlyUpdateClose: report-only counts but passes; Update changes the
+// limit live, keeping the sketches; after Close traffic flows untouched.
+func TestLiveReportOnlyUpdateClose(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
+	srv, f := attachLive(t, "500")
+	heavy := func(port uint16) []flow {
+		return []flow{{name: "heavy", rate: 5000, end: 3 * time.Second,
+			src: func(int) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("127.9.9.9"), port) }}}
+	}
+
+	cfg := NewConfig()
+	cfg.SetValue("requests-per-second", "500")
+	cfg.SetValue("report-only", "")
+	if err := f.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	run := runLive(t, srv, f, heavy(41001), 3*time.Second)
+	if l := run.loss(0); l != 0 || run.filter.ReportOnly == 0 {
+		t.Errorf("report-only: loss %.2f%%, ReportOnly %d; want no loss and a count", 100*l, run.filter.ReportOnly)
+	}
+
+	cfg.SetValue("report-only", "false")
+	cfg.SetValue("requests-per-second", "1500")
+	if err := f.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	run = runLive(t, srv, f, heavy(41002), 3*time.Second)
+	// The sketches carried the flood's rate over, so limiting is at once in force.
+	if got := run.admitted(0, 500*time.Millisecond, 3*time.Second); !within(got, 1500, 0.10) {
+		t.Errorf("after Update to 1500: admitted %.0f pps", got)
+	}
+
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	raw := newRawSender(t, srv.addr)
+	const n = 3000
+	for i := 0; i < n; i++ {
+		raw.send(t, ipv4Packet(netip.MustParseAddrPort("127.9.9.9:41003"), srv.addr, nil, dnsQuery(uint16(i), false)))
+	}
+	if got := len(srv.collect(time.Now(), nil, 200*time.Millisecond, 5*time.Second)); got != n {
+		t.Errorf("after Close: received %d of %d", got, n)
+	}
+	if f.Mode() != ModeNone {
+		t.Errorf("closed filter mode %v", f.Mode())
+	}
+	if err := f.Attach(srv.conn); err == nil {
+		t.Error("Attach on a closed Filter succeeded")
+	}
+}
+
+// TestLiveStartAndRelease: limiting takes hold within one second of a flood starting
+// and releases the source within two seconds after it stops.
+func TestLiveStartAndRelease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
+	srv, f := attachLive(t, "500")
+	src := func(int) netip.AddrPort { return netip.MustParseAddrPort("127.9.8.7:41100") }
+	s := time.Second
+	flows := []flow{
+		{name: "before", rate: 250, start: 0, end: 1 * s, src: src},
+		{name: "attack", rate: 5000, start: 1 * s, end: 3 * s, src: src},
+		{name: "after", rate: 250, start: 3 * s, end: 5500 * time.Millisecond, src: src},
+	}
+	// One source plays all three phases, so what it receives is split by time.
+	raw := newRawSender(t, srv.addr)
+	start := time.Now()
+	done := make(chan []reception)
+	stop := make(chan struct{})
+	go func() { done <- srv.collect(start, stop, 300*time.Millisecond, 30*time.Second) }()
+	sent := make([]int, len(flows))
+	for now := time.Since(start); now < 5500*time.Millisecond; now = time.Since(start) {
+		for i, fl := range flows {
+			if now < fl.start {
+				continue
+			}
+			due := int(fl.rate*(min(now, fl.end)-fl.start).Seconds()) - sent[i]
+			for ; due > 0; due-- {
+				raw.send(t, ipv4Packet(src(0), srv.addr, nil, dnsQuery(uint16(sent[i]), false)))
+				sent[i]++
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	close(stop)
+	var at []time.Duration
+	for _, r := range <-done {
+		at = append(at, r.at)
+	}
+	perSecond := func(from, to time.Duration) float64 { return float64(count(at, from, to)) / (to - from).Seconds() }
+	t.Logf("sent %v; received pps: before %.0f, attack first second %.0f, attack second second %.0f, after+2s %.0f",
+		sent, perSecond(0, s), perSecond(s, 2*s), perSecond(2*s, 3*s), perSecond(5*s, 5500*time.Millisecond))
+	if got := perSecond(0, s); !within(got, 250, 0.05) {
+		t.Errorf("before the attack: %.0f pps delivered, want all 250", got)
+	}
+	if got := perSecond(2*s, 3*s); !within(got, 500, 0.15) {
+		t.Errorf("one second into the attack: %.0f pps delivered, want the limit 500", got)
+	}
+	if got := perSecond(5*s, 5500*time.Millisecond); !within(got, 250, 0.05) {
+		t.Errorf("two seconds after the attack: %.0f pps delivered, want all 250", got)
+	}
+	if st, _ := f.Stats(); st.Seen == 0 {
+		t.Error(fmt.Sprint("no packets seen: ", st))
+	}
+}
