@@ -264,6 +264,13 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 		s.Limit[i] = uint64(limits[i])
 		s.Prefix[i] = prefixes[i]
 	}
+	for _, p := range cfg.exempt {
+		if p.Addr().Is4() {
+			s.HasExempt4 = 1
+		} else {
+			s.HasExempt6 = 1
+		}
+	}
 	for _, p := range cfg.reflectionPorts {
 		s.ReflectionPorts[p>>6] |= 1 << (p & 63)
 	}

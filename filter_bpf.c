@@ -69,7 +69,9 @@ struct cell {
 struct settings {
 	__u32 layout_version;
 	__u8 report_only;
-	__u8 pad[3];
+	__u8 has_exempt4;         // rrl_exempt4 holds prefixes: look sources up
+	__u8 has_exempt6;
+	__u8 pad;
 	__u64 seed;
 	fp_t limit[NUM_NODES];    // 0: node inactive
 	__u8 prefix[NUM_NODES];   // prefix length of level nodes
@@ -274,9 +276,82 @@ static __always_inline int load_net(struct __sk_buff *skb, __u32 off, void *to, 
 	return bpf_skb_load_bytes_relative(skb, off, to, len, BPF_HDR_START_NET);
 }
 
+// The headers of a plain IPv4 or IPv6 DNS query, read with one helper call.
+struct fast_v4 {
+	struct iphdr ip;
+	struct udphdr udp;
+	__u8 dns[3];
+};
+
+struct fast_v6 {
+	struct ipv6hdr ip;
+	struct udphdr udp;
+	__u8 dns[3];
+};
+
+static __always_inline void set_udp(struct packet *p, struct udphdr *udp, __u8 *dns)
+{
+	p->sport = bpf_ntohs(udp->source);
+	__u32 ulen = bpf_ntohs(udp->len);
+	p->dns_len = ulen >= sizeof(*udp) ? ulen - sizeof(*udp) : 0;
+	p->dns_flags = p->dns_len >= 3 ? dns[2] : 0;
+}
+
+static __always_inline void set_ipv6_source(struct packet *p, struct ipv6hdr *ip6)
+{
+	__u64 hi, lo;
+	__builtin_memcpy(&hi, &ip6->saddr.in6_u.u6_addr8[0], 8);
+	__builtin_memcpy(&lo, &ip6->saddr.in6_u.u6_addr8[8], 8);
+	hi = bpf_be64_to_cpu(hi);
+	lo = bpf_be64_to_cpu(lo);
+	if (hi == 0 && (lo >> 32) == 0xffff) {
+		// IPv4-mapped: an IPv4 client, as in the Go model.
+		p->v4 = 1;
+		p->hi = 0;
+		p->lo = lo & 0xffffffff;
+	} else {
+		p->v4 = 0;
+		p->hi = hi;
+		p->lo = lo;
+	}
+}
+
+// parse_fast handles the common case, an IPv4 header without options or an IPv6
+// header directly followed by UDP, with a single load; it returns -1 when the packet
+// needs the general parser.
+static __always_inline int parse_fast(struct __sk_buff *skb, struct packet *p)
+{
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct fast_v4 h;
+		if (load_net(skb, 0, &h, sizeof(h)) || h.ip.ihl != 5)
+			return -1;
+		if (h.ip.protocol != IPPROTO_UDP || (h.ip.frag_off & bpf_htons(0x1fff)))
+			return PARSE_NOT_DNS;
+		p->v4 = 1;
+		p->hi = 0;
+		p->lo = bpf_ntohl(h.ip.saddr);
+		set_udp(p, &h.udp, h.dns);
+		return PARSE_OK;
+	}
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct fast_v6 h;
+		if (load_net(skb, 0, &h, sizeof(h)) || h.ip.nexthdr != IPPROTO_UDP)
+			return -1;
+		set_ipv6_source(p, &h.ip);
+		set_udp(p, &h.udp, h.dns);
+		return PARSE_OK;
+	}
+	return PARSE_NOT_DNS;
+}
+
+// parse is the general parser: IPv4 options, IPv6 extension headers, packets too
+// short for the single load of parse_fast.
 static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 {
 	__u32 off;
+	int fast = parse_fast(skb, p);
+	if (fast >= 0)
+		return fast;
 
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		struct iphdr ip;
@@ -319,21 +394,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 		}
 		if (next != IPPROTO_UDP)
 			return PARSE_NOT_DNS;
-		__u64 hi, lo;
-		__builtin_memcpy(&hi, &ip6.saddr.in6_u.u6_addr8[0], 8);
-		__builtin_memcpy(&lo, &ip6.saddr.in6_u.u6_addr8[8], 8);
-		hi = bpf_be64_to_cpu(hi);
-		lo = bpf_be64_to_cpu(lo);
-		if (hi == 0 && (lo >> 32) == 0xffff) {
-			// IPv4-mapped: an IPv4 client, as in the Go model.
-			p->v4 = 1;
-			p->hi = 0;
-			p->lo = lo & 0xffffffff;
-		} else {
-			p->v4 = 0;
-			p->hi = hi;
-			p->lo = lo;
-		}
+		set_ipv6_source(p, &ip6);
 	} else {
 		return PARSE_NOT_DNS;
 	}
@@ -341,14 +402,11 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 	struct udphdr udp;
 	if (load_net(skb, off, &udp, sizeof(udp)))
 		return PARSE_ERROR;
-	p->sport = bpf_ntohs(udp.source);
-	__u32 ulen = bpf_ntohs(udp.len);
-	p->dns_len = ulen >= sizeof(udp) ? ulen - sizeof(udp) : 0;
-	p->dns_flags = 0;
-	if (p->dns_len >= 3) {
-		if (load_net(skb, off + sizeof(udp) + 2, &p->dns_flags, 1))
-			return PARSE_ERROR;
-	}
+	__u8 dns[3] = {};
+	set_udp(p, &udp, dns);
+	if (p->dns_len >= 3 && load_net(skb, off + sizeof(udp), dns, sizeof(dns)))
+		return PARSE_ERROR;
+	p->dns_flags = dns[2];
 	return PARSE_OK;
 }
 
@@ -360,14 +418,18 @@ static __always_inline void count(struct counters *c, __u32 which)
 		c->value[which]++;
 }
 
-static __always_inline int is_exempt(struct packet *p)
+static __always_inline int is_exempt(struct settings *s, struct packet *p)
 {
 	if (p->v4) {
+		if (!s->has_exempt4)
+			return 0;
 		struct exempt4_key k = {.prefixlen = 32};
 		__u32 a = bpf_htonl((__u32)p->lo);
 		__builtin_memcpy(k.addr, &a, 4);
 		return bpf_map_lookup_elem(&rrl_exempt4, &k) != NULL;
 	}
+	if (!s->has_exempt6)
+		return 0;
 	struct exempt6_key k = {.prefixlen = 128};
 	__u64 hi = bpf_cpu_to_be64(p->hi), lo = bpf_cpu_to_be64(p->lo);
 	__builtin_memcpy(&k.addr[0], &hi, 8);
@@ -461,7 +523,7 @@ static __always_inline int filter(struct __sk_buff *skb, __u64 now, __u32 rnd)
 		count(c, COUNTER_DROP_REFLECTION);
 		return 0;
 	}
-	if (is_exempt(&p)) {
+	if (is_exempt(s, &p)) {
 		count(c, COUNTER_EXEMPT);
 		goto pass;
 	}

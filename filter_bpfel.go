@@ -40,7 +40,9 @@ type filterSettings struct {
 	_               structs.HostLayout
 	LayoutVersion   uint32
 	ReportOnly      uint8
-	Pad             [3]uint8
+	HasExempt4      uint8
+	HasExempt6      uint8
+	Pad             uint8
 	Seed            uint64
 	Limit           [12]uint64
 	Prefix          [12]uint8

@@ -1,0 +1,172 @@
+package rrl
+
+import (
+	"cmp"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// loadBenchFilter loads the production program and maps with cfg's settings.
+func loadBenchFilter(b *testing.B, rps string) *kernelObjects {
+	b.Helper()
+	requireBPF(b)
+	objs, err := loadKernelObjects()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { objs.Close() })
+	cfg := NewConfig()
+	cfg.SetValue("requests-per-second", rps)
+	f := &Filter{objs: objs, mode: ModeEBPF, seed: 42}
+	if err := f.writeSettings(cfg); err != nil {
+		b.Fatal(err)
+	}
+	return objs
+}
+
+var benchRPS = cmp.Or(os.Getenv("RRL_BENCH_RPS"), "1000000")
+
+// BenchmarkFilterTestRun measures the production program per packet under
+// BPF_PROG_TEST_RUN (one flow, cells in cache), with the full default lattice.
+func BenchmarkFilterTestRun(b *testing.B) {
+	dst4 := netip.MustParseAddrPort("127.0.0.1:53")
+	dst6 := netip.MustParseAddrPort("[fd00::1]:53")
+	cases := []struct {
+		name string
+		pkt  []byte
+	}{
+		{"ipv4", ethFrame(unix.ETH_P_IP, ipv4Packet(netip.MustParseAddrPort("192.0.2.1:40000"), dst4, nil, dnsQuery(1, false)))},
+		{"ipv6", ethFrame(unix.ETH_P_IPV6, ipv6Packet(netip.MustParseAddrPort("[fd00:1::1]:40000"), dst6, false, dnsQuery(1, false)))},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			objs := loadBenchFilter(b, benchRPS)
+			const repeat = 100000
+			var total time.Duration
+			runs := 0
+			for b.Loop() {
+				_, per, err := objs.Program.Benchmark(c.pkt, repeat, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				total += per * repeat
+				runs += repeat
+			}
+			b.ReportMetric(float64(total.Nanoseconds())/float64(runs), "ns/packet")
+			// The packet must have gone through the whole lattice, not a shortcut.
+			f := &Filter{objs: objs, mode: ModeEBPF, cfg: NewConfig()}
+			st, err := f.Stats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if st.Seen == 0 || st.Seen != st.Passed+sumLimited(st) || st.Errors != 0 || st.DroppedShort != 0 {
+				b.Fatalf("benchmark packet not judged by the lattice: %+v", st)
+			}
+		})
+	}
+}
+
+// BenchmarkFilterLiveSocket floods a real socket from 500 sources and reports the
+// program's own run time per packet (BPF_STATS_RUN_TIME) and what the server read.
+func BenchmarkFilterLiveSocket(b *testing.B) {
+	requireBPF(b)
+	srv := newUDPServer(b, "udp4", "127.0.0.1:0")
+	cfg := NewConfig()
+	cfg.SetValue("requests-per-second", "100")
+	f, err := Attach(srv.conn, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+	if err != nil {
+		b.Skipf("BPF_STATS_RUN_TIME: %v", err)
+	}
+	defer stats.Close()
+	raw := newRawSender(b, srv.addr)
+	pkts := make([][]byte, 500)
+	for i := range pkts {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 20, byte(i / 250), byte(1 + i%250)}), uint16(20000+i))
+		pkts[i] = ipv4Packet(src, srv.addr, nil, dnsQuery(uint16(i), false))
+	}
+	stop := make(chan struct{})
+	done := make(chan []reception)
+	go func() { done <- srv.collect(time.Now(), stop, 100*time.Millisecond, time.Minute) }()
+	s0, err := f.objs.Program.Stats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for b.Loop() {
+		raw.send(b, pkts[n%len(pkts)])
+		n++
+	}
+	close(stop)
+	got := len(<-done)
+	s1, err := f.objs.Program.Stats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	runs := s1.RunCount - s0.RunCount
+	if runs > 0 {
+		b.ReportMetric(float64((s1.Runtime-s0.Runtime).Nanoseconds())/float64(runs), "ns/run")
+	}
+	b.ReportMetric(float64(runs), "runs")
+	b.ReportMetric(float64(got)/float64(n), "delivered")
+}
+
+// BenchmarkReceiveThroughput compares what one reader gets through a real socket
+// with no filter and with the filter attached but no attack (all traffic within its
+// limits): the filter should cost the server next to nothing.
+func BenchmarkReceiveThroughput(b *testing.B) {
+	for _, attach := range []bool{false, true} {
+		name := "nofilter"
+		if attach {
+			name = "filter"
+		}
+		b.Run(name, func(b *testing.B) {
+			srv := newUDPServer(b, "udp4", "127.0.0.1:0")
+			if attach {
+				requireBPF(b)
+				cfg := NewConfig()
+				cfg.SetValue("requests-per-second", "10000000")
+				f, err := Attach(srv.conn, cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+			}
+			client, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer unix.Close(client)
+			dst := &unix.SockaddrInet4{Port: int(srv.addr.Port()), Addr: [4]byte{127, 0, 0, 1}}
+			q := dnsQuery(1, false)
+			buf := make([]byte, 512)
+			srv.conn.SetReadDeadline(time.Now().Add(time.Minute))
+			for b.Loop() {
+				if err := unix.Sendto(client, q, 0, dst); err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := srv.conn.ReadFromUDPAddrPort(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "packets/s")
+		})
+	}
+}
+
+func sumLimited(st FilterStats) uint64 {
+	var n uint64
+	for _, l := range st.Nodes {
+		n += l.Limited
+	}
+	return n
+}
