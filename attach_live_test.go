@@ -32,7 +32,13 @@ type liveRun struct {
 // Sources of different flows must not overlap.
 func runLive(t *testing.T, srv *udpServer, f *Filter, flows []flow, dur time.Duration) *liveRun {
 	t.Helper()
-	raw := newRawSender(t, srv.addr)
+	return runLiveWith(t, srv, newRawSender(t, srv.addr), f, flows, dur)
+}
+
+// runLiveWith is runLive with a given raw sender (one made in a test's network
+// namespace, for IPv6 sources).
+func runLiveWith(t *testing.T, srv *udpServer, raw *rawSender, f *Filter, flows []flow, dur time.Duration) *liveRun {
+	t.Helper()
 	owner := map[netip.AddrPort]int{}
 	var ownerMu sync.Mutex
 	run := &liveRun{flows: flows, sentAt: make([][]time.Duration, len(flows)), received: make([][]time.Duration, len(flows))}
@@ -64,7 +70,11 @@ func runLive(t *testing.T, srv *udpServer, f *Filter, flows []flow, dur time.Dur
 				if payload == nil {
 					payload = dnsQuery(uint16(len(run.sentAt[fi])), false)
 				}
-				raw.send(t, ipv4Packet(src, srv.addr, nil, payload))
+				if srv.addr.Addr().Is4() {
+					raw.send(t, ipv4Packet(src, srv.addr, nil, payload))
+				} else {
+					raw.send(t, ipv6Packet(src, srv.addr, false, payload))
+				}
 				run.sentAt[fi] = append(run.sentAt[fi], time.Since(start))
 			}
 		}
@@ -195,6 +205,79 @@ func TestLiveLimiterScenarios(t *testing.T) {
 			run.report(t)
 			got := run.admitted(0, from, to)
 			if !within(got, L, 0.10) {
+				t.Errorf("attack admitted at %.0f pps in steady state, want %.0f ±10%%", got, L)
+			}
+			for fi := 1; fi < len(flows); fi++ {
+				if l := run.loss(fi); l >= 0.01 {
+					t.Errorf("%s lost %.2f%% of its queries, want < 1%%", flows[fi].name, 100*l)
+				}
+			}
+		})
+	}
+}
+
+// TestLiveLimiterScenariosIPv6 runs the scenarios with IPv6 sources grouped by /64,
+// /56 and /48, inside a network namespace the test creates, so that spoofed sources
+// and anything sent back to them never leave it.
+func TestLiveLimiterScenariosIPv6(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood scenarios take about 20 s")
+	}
+	requireBPF(t)
+	const L = 500.0
+	const dur = 3500 * time.Millisecond
+	const from, to = 1500 * time.Millisecond, dur
+	rng := rand.New(rand.NewPCG(8, 8))
+	// v6 builds fd00:AAAA:BBCC:DDDD::EEEE from its parts: a /48 (a), a /56 (b), a /64 (d).
+	v6 := func(a uint16, b byte, d uint16, host uint16, port uint16) netip.AddrPort {
+		var x [16]byte
+		x[0], x[1] = 0xfd, 0x00
+		x[2], x[3] = byte(a>>8), byte(a)
+		x[4] = b
+		x[6], x[7] = byte(d>>8), byte(d)
+		x[14], x[15] = byte(host>>8), byte(host)
+		return netip.AddrPortFrom(netip.AddrFrom16(x), port)
+	}
+	scenarios := []struct {
+		name   string
+		attack flow
+	}{
+		{"one heavy source at 10x", flow{name: "heavy", rate: 10 * L, end: dur,
+			src: func(int) netip.AddrPort { return v6(1, 1, 1, 1, 40000) }}},
+		{"200 /64s of one /56 at 20x together", flow{name: "slash56", rate: 20 * L, end: dur,
+			src: func(i int) netip.AddrPort { return v6(2, 2, uint16(i%200), 1, uint16(30000+i%200)) }}},
+		{"10 sources in a /64 at 2x each", flow{name: "ten", rate: 20 * L, end: dur,
+			src: func(i int) netip.AddrPort { return v6(3, 3, 3, uint16(1+i%10), uint16(30000+i%10)) }}},
+		{"random sources on source port 23456 at 20x", flow{name: "port", rate: 20 * L, end: dur,
+			src: func(int) netip.AddrPort {
+				return v6(uint16(0x1000+rng.IntN(1000)), byte(rng.IntN(256)), uint16(rng.IntN(65536)), uint16(rng.IntN(65536)), 23456)
+			}}},
+	}
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			ns := newTestNetns(t)
+			var srv *udpServer
+			var raw *rawSender
+			var f *Filter
+			ns.do(t, func() {
+				srv = newUDPServer(t, "udp6", "[::1]:0")
+				raw = newRawSender(t, srv.addr)
+				cfg := NewConfig()
+				cfg.SetValue("requests-per-second", fmt.Sprint(L))
+				var err error
+				if f, err = Attach(srv.conn, cfg); err != nil {
+					t.Fatal(err)
+				}
+			})
+			defer f.Close()
+			flows := []flow{sc.attack}
+			for i := 0; i < 10; i++ { // legitimate clients, each in its own /48
+				src := v6(uint16(0x100+i), 0, 0, 1, uint16(50000+i))
+				flows = append(flows, flow{name: fmt.Sprintf("legit%d", i), rate: 0.05 * L, end: dur, src: func(int) netip.AddrPort { return src }})
+			}
+			run := runLiveWith(t, srv, raw, f, flows, dur)
+			run.report(t)
+			if got := run.admitted(0, from, to); !within(got, L, 0.10) {
 				t.Errorf("attack admitted at %.0f pps in steady state, want %.0f ±10%%", got, L)
 			}
 			for fi := 1; fi < len(flows); fi++ {
