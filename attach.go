@@ -62,6 +62,7 @@ type Filter struct {
 	seed    uint64
 	objs    *kernelObjects
 	sockets []syscall.Conn
+	pin     *pinState // opened from pins (pin.go): Close leaves the pins in place
 }
 
 // kernelObjects are the program and maps production loads: test-only programs and
@@ -218,7 +219,8 @@ func (f *Filter) Mode() FilterMode {
 }
 
 // Close detaches the filter from every socket it was attached to and frees its
-// programs and maps. Closing twice is harmless.
+// programs and maps (for a pinned filter: closes this process's descriptors, and
+// the pins keep the program and maps). Closing twice is harmless.
 func (f *Filter) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -232,6 +234,10 @@ func (f *Filter) Close() error {
 	if f.objs != nil {
 		errs = append(errs, f.objs.Close())
 		f.objs = nil
+	}
+	if f.pin != nil && f.pin.config != nil {
+		errs = append(errs, f.pin.config.Close())
+		f.pin.config = nil
 	}
 	f.mode = ModeNone
 	return errors.Join(errs...)
@@ -278,11 +284,19 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 }
 
 func (f *Filter) writeSettings(cfg *Config) error {
+	if f.pin != nil {
+		if err := f.pin.checkWritable(); err != nil {
+			return err
+		}
+	}
 	if err := f.objs.Settings.Put(uint32(0), kernelSettings(cfg, f.seed)); err != nil {
 		return fmt.Errorf("rrl: write settings: %w", err)
 	}
 	if err := replaceExempt(f.objs.Exempt4, f.objs.Exempt6, cfg.exempt); err != nil {
 		return fmt.Errorf("rrl: write exempt-clients: %w", err)
+	}
+	if f.pin != nil {
+		return f.pin.saveConfig(cfg)
 	}
 	return nil
 }

@@ -1,0 +1,571 @@
+package rrl
+
+// Pinned filters: a privileged step loads the filter once and pins its program and
+// maps in a bpffs directory; unprivileged server processes open the pins and attach
+// the program to their own sockets. With kernel.unprivileged_bpf_disabled set, only
+// creating maps and loading programs need CAP_BPF; since Linux 5.19 opening a pinned
+// object (subject to its file mode) and SO_ATTACH_BPF on one's own socket do not.
+//
+// A pin directory holds:
+//
+//	rrl_filter    the program                          0660  (the kernel opens programs
+//	                                                          read-write only)
+//	rrl_settings  live settings (limits, seed, version) 0660
+//	rrl_exempt4   exempt-clients, IPv4                  0660
+//	rrl_exempt6   exempt-clients, IPv6                  0660
+//	rrl_config    the Config as keyword=value text      0660
+//	rrl_counters  per-CPU counters                      0440
+//	rrl_cells     the sketches                          0440
+//
+// Every object is owned by the uid and gid given to LoadPinned, so that user (and
+// group) can attach, read statistics and the sketches, and reconfigure the filter
+// with Update; nobody else can open anything. Counters and sketches are read-only
+// even for the owner: only the kernel program writes them. A directory LoadPinned
+// creates is mode 0711 and stays owned by its creator: anyone may traverse it, nobody
+// but root may list it or remove pins from it.
+//
+// rrl_config is not part of filter_bpf.c: it is an array map created from Go with one
+// value (a small header and the Config's keyword=value lines), so that every process
+// that opens the pins, and `rrlctl set`, knows the Config the filter runs with.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+var (
+	// ErrLayoutMismatch: the pinned objects were made by a version of this package
+	// whose map layout differs from this one's; unload and load them again.
+	ErrLayoutMismatch = errors.New("pinned filter layout differs from this library's")
+	// ErrNotMounted: the pin directory is not on a BPF filesystem (bpffs).
+	ErrNotMounted = errors.New("not on a BPF filesystem (mount -t bpf bpf /sys/fs/bpf)")
+)
+
+// Names of the pins in a pin directory.
+const (
+	pinProgram  = "rrl_filter"
+	pinSettings = "rrl_settings"
+	pinExempt4  = "rrl_exempt4"
+	pinExempt6  = "rrl_exempt6"
+	pinConfig   = "rrl_config"
+	pinCounters = "rrl_counters"
+	pinCells    = "rrl_cells"
+)
+
+// pinModes are the file modes of the pins (see the top of this file).
+var pinModes = map[string]os.FileMode{
+	pinProgram:  0o660,
+	pinSettings: 0o660,
+	pinExempt4:  0o660,
+	pinExempt6:  0o660,
+	pinConfig:   0o660,
+	pinCounters: 0o440,
+	pinCells:    0o440,
+}
+
+// pinOrder lists the pins in the order LoadPinned creates them.
+var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinConfig, pinProgram}
+
+const (
+	// configValueSize bounds the stored Config text: room for 2,048 exempt prefixes
+	// (the exempt maps' capacity) of the longest IPv6 spelling.
+	configValueSize = 128 << 10
+	configHeader    = 12     // magic, flags, text length
+	configMagic     = 0x524c // "RL" and format 0
+	// configDirCreated: LoadPinned created the pin directory, so Unpin removes it.
+	configDirCreated = 1
+)
+
+// configMapSpec is the spec of rrl_config.
+func configMapSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       pinConfig,
+		Type:       ebpf.Array,
+		KeySize:    4,
+		ValueSize:  configValueSize,
+		MaxEntries: 1,
+	}
+}
+
+// pinState is what a Filter opened from pins knows about them.
+type pinState struct {
+	dir      string
+	config   *ebpf.Map
+	flags    uint32
+	readOnly string // the pin that could only be opened read-only, if any
+}
+
+// LoadPinned loads the eBPF filter configured by cfg (nil means NewConfig()) and pins
+// its program and maps in pinDir, a directory on a BPF filesystem (bpffs), for
+// unprivileged processes to attach with AttachPinned. pinDir is created when its
+// parent is on bpffs. The pins are made accessible to uid and gid (-1 leaves the
+// owner or group as root): see the pin directory layout in the package
+// documentation of pin.go. It needs CAP_BPF (or root) and, for the ownership,
+// CAP_CHOWN. Nothing keeps running: the pins hold the filter until Unpin.
+func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
+	if cfg == nil {
+		cfg = NewConfig()
+	}
+	created, err := preparePinDir(pinDir)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil && created {
+			os.Remove(pinDir)
+		}
+	}()
+	for _, name := range pinOrder {
+		if _, serr := os.Lstat(filepath.Join(pinDir, name)); serr == nil {
+			return fmt.Errorf("rrl: %s: %w: a filter is already pinned there (unload it first)", filepath.Join(pinDir, name), fs.ErrExist)
+		}
+	}
+	objs, err := loadKernelObjects()
+	if err != nil {
+		return err
+	}
+	defer objs.Close()
+	cm, err := ebpf.NewMap(configMapSpec())
+	if err != nil {
+		if isPermission(err) {
+			return permissionError("create config map", err)
+		}
+		return fmt.Errorf("rrl: create config map: %w", err)
+	}
+	defer cm.Close()
+	f := &Filter{mode: ModeEBPF, cfg: cfg.clone(), objs: objs, pin: &pinState{dir: pinDir, config: cm}}
+	if created {
+		f.pin.flags |= configDirCreated
+	}
+	if f.seed, err = randomSeed(); err != nil {
+		return err
+	}
+	if err := f.writeSettings(f.cfg); err != nil {
+		return err
+	}
+	objects := map[string]interface{ Pin(string) error }{
+		pinProgram: objs.Program, pinSettings: objs.Settings, pinExempt4: objs.Exempt4,
+		pinExempt6: objs.Exempt6, pinConfig: cm, pinCounters: objs.Counters, pinCells: objs.Cells,
+	}
+	var pinned []string
+	defer func() {
+		if err != nil {
+			for _, p := range pinned {
+				os.Remove(p)
+			}
+		}
+	}()
+	for _, name := range pinOrder {
+		path := filepath.Join(pinDir, name)
+		if err := objects[name].Pin(path); err != nil {
+			return fmt.Errorf("rrl: pin %s: %w", path, err)
+		}
+		pinned = append(pinned, path)
+		if err := os.Chown(path, uid, gid); err != nil {
+			return fmt.Errorf("rrl: %w", err)
+		}
+		if err := os.Chmod(path, pinModes[name]); err != nil {
+			return fmt.Errorf("rrl: %w", err)
+		}
+	}
+	return nil
+}
+
+// preparePinDir checks that dir is, or can be created, on bpffs, and creates it
+// (mode 0711) if it does not exist.
+func preparePinDir(dir string) (created bool, err error) {
+	if err := checkBPFFS(dir); err == nil {
+		return false, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return false, err
+	}
+	parent := filepath.Dir(filepath.Clean(dir))
+	if err := checkBPFFS(parent); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Errorf("rrl: pin directory %s: parent %s does not exist: %w", dir, parent, fs.ErrNotExist)
+		}
+		return false, err
+	}
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return false, fmt.Errorf("rrl: %w", err)
+	}
+	// The umask may have taken bits away.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		os.Remove(dir)
+		return false, fmt.Errorf("rrl: %w", err)
+	}
+	return true, nil
+}
+
+// checkBPFFS reports whether path exists and is on bpffs, with an error saying
+// which of the two is not the case.
+func checkBPFFS(path string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		switch {
+		case errors.Is(err, unix.ENOENT):
+			return fmt.Errorf("rrl: pin directory %s does not exist: %w", path, fs.ErrNotExist)
+		case isPermission(err):
+			return accessError(path, err)
+		}
+		return fmt.Errorf("rrl: statfs %s: %w", path, err)
+	}
+	if st.Type != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("rrl: %s: %w", path, ErrNotMounted)
+	}
+	return nil
+}
+
+// Unpin removes the pins LoadPinned made in pinDir, and pinDir itself if LoadPinned
+// created it and nothing else is left in it. Processes that attached the filter keep
+// it (the kernel frees the program and maps when the last socket and descriptor go)
+// but can no longer be reconfigured through the pins.
+func Unpin(pinDir string) error {
+	if err := checkBPFFS(pinDir); err != nil {
+		return err
+	}
+	var flags uint32
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, pinConfig), &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
+		if hdr, _, err := readConfigMap(m); err == nil {
+			flags = hdr
+		}
+		m.Close()
+	}
+	var errs []error
+	removed := 0
+	for _, name := range slices.Backward(pinOrder) {
+		err := os.Remove(filepath.Join(pinDir, name))
+		switch {
+		case err == nil:
+			removed++
+		case !errors.Is(err, fs.ErrNotExist):
+			errs = append(errs, fmt.Errorf("rrl: %w", err))
+		}
+	}
+	if removed == 0 && len(errs) == 0 {
+		return fmt.Errorf("rrl: nothing pinned in %s: %w", pinDir, fs.ErrNotExist)
+	}
+	if flags&configDirCreated != 0 && len(errs) == 0 {
+		// An error (ENOTEMPTY: someone else's files are there) leaves it in place.
+		_ = os.Remove(pinDir)
+	}
+	return errors.Join(errs...)
+}
+
+// AttachPinned protects conn with the filter pinned in pinDir by LoadPinned. It needs
+// no privilege beyond access to the pins (Linux 5.19 or later). Every process that
+// attaches the same pins shares one set of limits and sketches. Stats works with
+// read access to the pins; Update needs write access to rrl_settings, rrl_exempt4,
+// rrl_exempt6 and rrl_config, and otherwise fails with an error for which
+// errors.Is(err, ErrNotPermitted) holds. Close detaches the filter from this
+// process's sockets and closes its descriptors; the pins stay.
+//
+// Errors say what is wrong: errors.Is(err, ErrNotMounted) when pinDir is not on
+// bpffs, fs.ErrNotExist when pinDir or a pin is missing, ErrNotPermitted (naming the
+// path and the user) when a pin may not be opened, ErrLayoutMismatch when the pins
+// were made by a library with another map layout.
+func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) {
+	f, err := OpenPinned(pinDir)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	err = f.attachEBPF(conn)
+	f.mu.Unlock()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// OpenPinned opens the filter pinned in pinDir without attaching it to a socket: for
+// Stats, Update, Config and Top from tools such as rrlctl, or to Attach sockets later.
+// Errors are those of AttachPinned.
+func OpenPinned(pinDir string) (*Filter, error) {
+	if err := checkBPFFS(pinDir); err != nil {
+		return nil, err
+	}
+	objs := &kernelObjects{}
+	ps := &pinState{dir: pinDir}
+	fail := func(err error) (*Filter, error) {
+		objs.Close()
+		if ps.config != nil {
+			ps.config.Close()
+		}
+		return nil, err
+	}
+	spec, err := loadFilter()
+	if err != nil {
+		return fail(fmt.Errorf("rrl: filter spec: %w", err))
+	}
+	maps := []struct {
+		name     string
+		dst      **ebpf.Map
+		spec     *ebpf.MapSpec
+		readOnly bool
+	}{
+		{pinSettings, &objs.Settings, spec.Maps[pinSettings], false},
+		{pinExempt4, &objs.Exempt4, spec.Maps[pinExempt4], false},
+		{pinExempt6, &objs.Exempt6, spec.Maps[pinExempt6], false},
+		{pinConfig, &ps.config, configMapSpec(), false},
+		{pinCounters, &objs.Counters, spec.Maps[pinCounters], true},
+		{pinCells, &objs.Cells, spec.Maps[pinCells], true},
+	}
+	for _, m := range maps {
+		path := filepath.Join(pinDir, m.name)
+		var err error
+		if !m.readOnly {
+			*m.dst, err = ebpf.LoadPinnedMap(path, nil)
+			if err != nil && isPermission(err) {
+				// Read access is enough for everything but Update.
+				ps.readOnly = path
+			}
+		}
+		if m.readOnly || ps.readOnly == path {
+			*m.dst, err = ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+		}
+		if err != nil {
+			return fail(openError(path, err))
+		}
+		if err := m.spec.Compatible(*m.dst); err != nil {
+			return fail(fmt.Errorf("rrl: %s: %w: %w", path, ErrLayoutMismatch, err))
+		}
+	}
+	path := filepath.Join(pinDir, pinProgram)
+	if objs.Program, err = ebpf.LoadPinnedProgram(path, nil); err != nil {
+		return fail(openError(path, err))
+	}
+	if objs.Program.Type() != ebpf.SocketFilter {
+		return fail(fmt.Errorf("rrl: %s: %w: program type %s", path, ErrLayoutMismatch, objs.Program.Type()))
+	}
+	var s filterSettings
+	if err := objs.Settings.Lookup(uint32(0), &s); err != nil {
+		return fail(fmt.Errorf("rrl: read %s: %w", filepath.Join(pinDir, pinSettings), err))
+	}
+	if s.LayoutVersion != layoutVersion {
+		return fail(fmt.Errorf("rrl: %s: %w: layout version %d, this library has %d", filepath.Join(pinDir, pinSettings), ErrLayoutMismatch, s.LayoutVersion, layoutVersion))
+	}
+	flags, text, err := readConfigMap(ps.config)
+	if err != nil {
+		return fail(fmt.Errorf("rrl: %s: %w", filepath.Join(pinDir, pinConfig), err))
+	}
+	ps.flags = flags
+	cfg, err := parseConfigText(text)
+	if err != nil {
+		return fail(fmt.Errorf("rrl: %s: %w", filepath.Join(pinDir, pinConfig), err))
+	}
+	return &Filter{mode: ModeEBPF, cfg: cfg, seed: s.Seed, objs: objs, pin: ps}, nil
+}
+
+// Config returns a copy of the Config the filter runs with: for a pinned filter, the
+// one stored with the pins when this process opened them or last updated them.
+func (f *Filter) Config() *Config {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cfg.clone()
+}
+
+// PinDir returns the pin directory a filter was opened from ("" when it was not).
+func (f *Filter) PinDir() string {
+	if f.pin == nil {
+		return ""
+	}
+	return f.pin.dir
+}
+
+// checkWritable fails when the pins were opened read-only; called before any write.
+func (p *pinState) checkWritable() error {
+	if p.readOnly == "" {
+		return nil
+	}
+	return fmt.Errorf("rrl: update pinned filter: %w: %s is read-only for uid %d", ErrNotPermitted, p.readOnly, os.Geteuid())
+}
+
+// saveConfig stores cfg in the config map.
+func (p *pinState) saveConfig(cfg *Config) error {
+	text := []byte(configText(cfg))
+	if len(text) > configValueSize-configHeader {
+		return fmt.Errorf("rrl: config of %d bytes does not fit the %d bytes of %s", len(text), configValueSize-configHeader, pinConfig)
+	}
+	v := make([]byte, configValueSize)
+	binary.LittleEndian.PutUint32(v[0:], configMagic)
+	binary.LittleEndian.PutUint32(v[4:], p.flags)
+	binary.LittleEndian.PutUint32(v[8:], uint32(len(text)))
+	copy(v[configHeader:], text)
+	if err := p.config.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("rrl: write %s: %w", filepath.Join(p.dir, pinConfig), err)
+	}
+	return nil
+}
+
+// readConfigMap returns the flags and Config text stored in a config map.
+func readConfigMap(m *ebpf.Map) (flags uint32, text string, err error) {
+	v := make([]byte, configValueSize)
+	if err := m.Lookup(uint32(0), &v); err != nil {
+		return 0, "", err
+	}
+	n := binary.LittleEndian.Uint32(v[8:])
+	if binary.LittleEndian.Uint32(v[0:]) != configMagic || n > configValueSize-configHeader {
+		return 0, "", fmt.Errorf("%w: unknown config format", ErrLayoutMismatch)
+	}
+	return binary.LittleEndian.Uint32(v[4:]), string(v[configHeader : configHeader+n]), nil
+}
+
+// configPairs returns keyword, value pairs that, applied with SetValue to NewConfig()
+// in order, give a Config equal to c (but for its clock). Prefix lengths come before
+// the request levels, which are checked against them: with the default levels
+// (two), a prefix length can always be set.
+func configPairs(c *Config) [][2]string {
+	num := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	levels := func(ls []RequestLevel) string {
+		s := make([]string, len(ls))
+		for i, l := range ls {
+			s[i] = strconv.Itoa(l.PrefixLen) + ":" + num(l.Factor)
+		}
+		return strings.Join(s, " ")
+	}
+	out := [][2]string{
+		{"window", strconv.FormatInt(c.window, 10)},
+		{"ipv4-prefix-length", strconv.Itoa(c.ipv4PrefixLength)},
+		{"ipv6-prefix-length", strconv.Itoa(c.ipv6PrefixLength)},
+		{"responses-per-second", num(c.responsesPerSecond)},
+	}
+	for _, o := range []struct {
+		kw  string
+		v   float64
+		set bool
+	}{
+		{"nodata-per-second", c.nodataPerSecond, c.nodataSet},
+		{"nxdomains-per-second", c.nxdomainsPerSecond, c.nxdomainsSet},
+		{"referrals-per-second", c.referralsPerSecond, c.referralsSet},
+		{"errors-per-second", c.errorsPerSecond, c.errorsSet},
+	} {
+		if o.set {
+			out = append(out, [2]string{o.kw, num(o.v)})
+		}
+	}
+	exempt := make([]string, len(c.exempt))
+	for i, p := range c.exempt {
+		exempt[i] = p.String()
+	}
+	ports := make([]string, len(c.reflectionPorts))
+	for i, p := range c.reflectionPorts {
+		ports[i] = strconv.Itoa(int(p))
+	}
+	return append(out, [][2]string{
+		{"requests-per-second", num(c.requestsPerSecond)},
+		{"slip-ratio", strconv.Itoa(c.slipRatio)},
+		{"max-table-size", strconv.Itoa(c.maxTableSize)},
+		{"report-only", strconv.FormatBool(c.reportOnly)},
+		{"exempt-clients", strings.Join(exempt, " ")},
+		{"all-per-second", num(c.allPerSecond)},
+		{"qps-scale", num(c.qpsScale)},
+		{"ipv4-request-levels", levels(c.ipv4Levels)},
+		{"ipv6-request-levels", levels(c.ipv6Levels)},
+		{"source-port-factor", num(c.sourcePortFactor)},
+		{"total-requests-per-second", num(c.totalRequests)},
+		{"reflection-ports", strings.Join(ports, " ")},
+	}...)
+}
+
+// configText is cfg as keyword=value lines.
+func configText(cfg *Config) string {
+	var b strings.Builder
+	for _, kv := range configPairs(cfg) {
+		b.WriteString(kv[0])
+		b.WriteByte('=')
+		b.WriteString(kv[1])
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// parseConfigText applies keyword=value lines to NewConfig().
+func parseConfigText(text string) (*Config, error) {
+	cfg := NewConfig()
+	for line := range strings.Lines(text) {
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" {
+			continue
+		}
+		kw, v, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, fmt.Errorf("%w: config line %q", ErrLayoutMismatch, line)
+		}
+		if err := cfg.SetValue(kw, v); err != nil {
+			return nil, err
+		}
+	}
+	return cfg, nil
+}
+
+func isPermission(err error) bool {
+	return errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || errors.Is(err, os.ErrPermission)
+}
+
+// openError explains why the pin at path could not be opened.
+func openError(path string, err error) error {
+	switch {
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("rrl: %s is missing (is the filter loaded? rrlctl load): %w", path, fs.ErrNotExist)
+	case isPermission(err):
+		return accessError(path, err)
+	}
+	return fmt.Errorf("rrl: open %s: %w", path, err)
+}
+
+// accessError is a permission error naming the path, the user and, where it can be
+// read, the owner and mode of the path; on kernels before 5.19 it says that opening
+// pins needs privilege there.
+func accessError(path string, err error) error {
+	who := fmt.Sprintf("uid %d gid %d", os.Geteuid(), os.Getegid())
+	what := ""
+	if fi, serr := os.Stat(path); serr == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			what = fmt.Sprintf(" (owner uid %d gid %d, mode %04o)", st.Uid, st.Gid, fi.Mode().Perm())
+		}
+	}
+	if major, minor, ok := kernelVersion(); ok && (major < 5 || major == 5 && minor < 19) {
+		return fmt.Errorf("rrl: %s%s: %w for %s: Linux %d.%d is older than 5.19, where only privileged processes may open pinned BPF objects: %w",
+			path, what, ErrNotPermitted, who, major, minor, err)
+	}
+	return fmt.Errorf("rrl: %s%s: %w for %s: %w", path, what, ErrNotPermitted, who, err)
+}
+
+// kernelVersion returns the running kernel's major and minor version.
+func kernelVersion() (major, minor int, ok bool) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return 0, 0, false
+	}
+	return parseKernelRelease(string(bytes.TrimRight(u.Release[:], "\x00")))
+}
+
+// parseKernelRelease parses the start of a kernel release string, "6.18.0-rc1-amd64".
+func parseKernelRelease(rel string) (major, minor int, ok bool) {
+	a, rest, ok1 := strings.Cut(rel, ".")
+	end := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
+	if end >= 0 {
+		rest = rest[:end]
+	}
+	var err1, err2 error
+	major, err1 = strconv.Atoi(a)
+	minor, err2 = strconv.Atoi(rest)
+	if !ok1 || err1 != nil || err2 != nil || major < 0 || minor < 0 {
+		return 0, 0, false
+	}
+	return major, minor, true
+}

@@ -1,0 +1,715 @@
+package rrl
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// The pinned-filter tests load and pin as root in a private bpffs that the test
+// mounts and unmounts, and attach from child processes (this test binary, re-run
+// as TestPinnedHelperProcess) running as uid 65534 without capabilities.
+
+const nobody = 65534
+
+// pinEnv is a private bpffs mount inside a 0755 directory that other users can
+// traverse, with a copy of the test binary that they can execute.
+type pinEnv struct {
+	base, mnt, bin string
+}
+
+func newPinEnv(t *testing.T) *pinEnv {
+	t.Helper()
+	requireBPF(t)
+	base, err := os.MkdirTemp("", "rrl-pin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mnt := filepath.Join(base, "bpf")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpf", mnt, "bpf", 0, "mode=0755"); err != nil {
+		t.Fatalf("mount bpffs on %s: %v", mnt, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	return &pinEnv{base: base, mnt: mnt}
+}
+
+// binary returns a copy of the test binary that any user may run.
+func (e *pinEnv) binary(t *testing.T) string {
+	t.Helper()
+	if e.bin != "" {
+		return e.bin
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.Open(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	e.bin = filepath.Join(e.base, "rrl.test")
+	dst, err := os.OpenFile(e.bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return e.bin
+}
+
+// helperResult is what a helper process reports as its last line.
+type helperResult struct {
+	Err                          string
+	NotPermitted, Layout, Exists bool
+	CapEff                       string
+	UID                          int
+	Received, Steady             int
+	Seen, Passed, Limited        uint64
+	Mode                         string
+	UpdateErr                    string
+	UpdateNotPermitted           bool
+	CloseErr                     string
+}
+
+// TestPinnedHelperProcess is the child side of the pinned-filter tests: it acts only
+// when RRL_PIN_HELPER is set, as the tests do when they re-run this binary.
+//
+//	probe: AttachPinned a fresh socket, then Stats, Update with its own Config, Close.
+//	serve: as probe, but first print "READY port" and count the datagrams received
+//	       until stdin closes; stdin's first line "WINDOW from to" (Unix ns) is the
+//	       steady-state window whose receptions count in Steady.
+func TestPinnedHelperProcess(t *testing.T) {
+	mode := os.Getenv("RRL_PIN_HELPER")
+	if mode == "" {
+		t.Skip("helper process for the pinned-filter tests; runs only when re-executed by them")
+	}
+	res := pinHelper(mode, os.Getenv("RRL_PIN_DIR"), os.Getenv("RRL_PIN_PORT"))
+	b, _ := json.Marshal(res)
+	fmt.Printf("RESULT %s\n", b)
+	os.Exit(0)
+}
+
+func pinHelper(mode, dir, port string) (res helperResult) {
+	res.UID = os.Getuid()
+	if status, err := os.ReadFile("/proc/self/status"); err == nil {
+		for line := range strings.Lines(string(status)) {
+			if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+				res.CapEff = strings.TrimSpace(v)
+			}
+		}
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			if serr == nil {
+				// Unprivileged: SO_RCVBUF, bounded by net.core.rmem_max.
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+			}
+		})
+		return errors.Join(err, serr)
+	}}
+	pc, err := lc.ListenPacket(context.Background(), "udp4", "127.0.0.1:"+port)
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	conn := pc.(*net.UDPConn)
+	defer conn.Close()
+	f, err := AttachPinned(conn, dir)
+	if err != nil {
+		res.Err = err.Error()
+		res.NotPermitted = errors.Is(err, ErrNotPermitted)
+		res.Layout = errors.Is(err, ErrLayoutMismatch)
+		return res
+	}
+	res.Mode = f.Mode().String()
+	if mode == "serve" {
+		fmt.Printf("READY %d\n", conn.LocalAddr().(*net.UDPAddr).Port)
+		var from, to int64
+		stdin := bufio.NewScanner(os.Stdin)
+		if stdin.Scan() {
+			fmt.Sscanf(stdin.Text(), "WINDOW %d %d", &from, &to)
+		}
+		done := make(chan struct{})
+		go func() {
+			for stdin.Scan() {
+			}
+			close(done)
+		}()
+		buf := make([]byte, 2048)
+		stopped := false
+		for {
+			select {
+			case <-done:
+				stopped = true
+			default:
+			}
+			conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
+				if stopped {
+					break
+				}
+				continue
+			}
+			res.Received++
+			if now := time.Now().UnixNano(); now >= from && now < to {
+				res.Steady++
+			}
+		}
+	}
+	if st, err := f.Stats(); err != nil {
+		res.Err = err.Error()
+	} else {
+		res.Seen, res.Passed = st.Seen, st.Passed
+		for _, n := range st.Nodes {
+			res.Limited += n.Limited
+		}
+	}
+	if err := f.Update(f.Config()); err != nil {
+		res.UpdateErr = err.Error()
+		res.UpdateNotPermitted = errors.Is(err, ErrNotPermitted)
+	}
+	if err := f.Close(); err != nil {
+		res.CloseErr = err.Error()
+	}
+	return res
+}
+
+// child is a running helper process.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+	port  int
+}
+
+func (e *pinEnv) start(t *testing.T, mode, dir string, uid, gid, port int) *child {
+	t.Helper()
+	cmd := exec.Command(e.binary(t), "-test.run=^TestPinnedHelperProcess$")
+	cmd.Env = append(os.Environ(), "RRL_PIN_HELPER="+mode, "RRL_PIN_DIR="+dir, "RRL_PIN_PORT="+strconv.Itoa(port))
+	// Changing to a non-zero uid clears the capability sets: the child has none.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	cmd.Stderr = os.Stderr
+	cmd.Dir = e.base
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	if mode == "serve" {
+		for c.out.Scan() {
+			if _, err := fmt.Sscanf(c.out.Text(), "READY %d", &c.port); err == nil {
+				return c
+			}
+			if strings.HasPrefix(c.out.Text(), "RESULT ") {
+				t.Fatalf("helper failed before serving: %s", c.out.Text())
+			}
+		}
+		t.Fatalf("helper exited without READY")
+	}
+	return c
+}
+
+// result waits for the helper's RESULT line.
+func (c *child) result(t *testing.T) helperResult {
+	t.Helper()
+	c.stdin.Close()
+	for c.out.Scan() {
+		if js, ok := strings.CutPrefix(c.out.Text(), "RESULT "); ok {
+			var r helperResult
+			if err := json.Unmarshal([]byte(js), &r); err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+	}
+	t.Fatalf("helper exited without a result (%v)", c.cmd.Wait())
+	return helperResult{}
+}
+
+// flood sends 10,000 queries per second for dur from 40 sources of one /24, each
+// far below the per-address limit, to dst: only the /24 level can limit it. It tells
+// every server the steady window, from 1.5 s to dur.
+func flood(t *testing.T, dst netip.AddrPort, dur time.Duration, servers ...*child) {
+	t.Helper()
+	start := time.Now()
+	for _, s := range servers {
+		fmt.Fprintf(s.stdin, "WINDOW %d %d\n", start.Add(1500*time.Millisecond).UnixNano(), start.Add(dur).UnixNano())
+	}
+	raw := newRawSender(t, dst)
+	sent := 0
+	for time.Since(start) < dur {
+		for due := int(10000*time.Since(start).Seconds()) - sent; due > 0; due-- {
+			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 6, 6, byte(1 + sent%40)}), uint16(40000+sent%40))
+			raw.send(t, ipv4Packet(src, dst, nil, dnsQuery(uint16(sent), false)))
+			sent++
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func loadPinnedForTest(t *testing.T, dir, rps string, uid, gid int) {
+	t.Helper()
+	cfg := NewConfig()
+	if err := cfg.SetValue("requests-per-second", rps); err != nil {
+		t.Fatal(err)
+	}
+	if err := LoadPinned(cfg, dir, uid, gid); err != nil {
+		t.Fatalf("LoadPinned: %v", err)
+	}
+}
+
+// TestPinnedUnprivilegedAttach: root loads and pins for uid 65534; a process running
+// as 65534 without capabilities attaches, and a flood from one /24 reaches it at the
+// /24's limit; its Update works (it owns the settings), its Close leaves the pins, and
+// root sees the limiting through the pins.
+func TestPinnedUnprivilegedAttach(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
+	e := newPinEnv(t)
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "500", nobody, nobody)
+
+	// Ownership and modes: the user gets what it needs and nobody anything more.
+	for name, mode := range pinModes {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if fi.Mode().Perm() != mode || st.Uid != nobody || st.Gid != nobody {
+			t.Errorf("%s: mode %04o uid %d gid %d, want %04o %d %d", name, fi.Mode().Perm(), st.Uid, st.Gid, mode, nobody, nobody)
+		}
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o711 {
+		t.Errorf("pin directory: %v, %v; want mode 0711", fi.Mode(), err)
+	}
+
+	srv := e.start(t, "serve", dir, nobody, nobody, 0)
+	const dur = 3 * time.Second
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(srv.port))
+	flood(t, dst, dur, srv)
+	r := srv.result(t)
+	t.Logf("child: %+v", r)
+	if r.Err != "" {
+		t.Fatalf("child: %s", r.Err)
+	}
+	if r.UID != nobody || r.CapEff != "0000000000000000" {
+		t.Errorf("child ran as uid %d with capabilities %s, want %d and none", r.UID, r.CapEff, nobody)
+	}
+	if rate := float64(r.Steady) / 1.5; !within(rate, 500, 0.10) {
+		t.Errorf("unprivileged server received %.0f pps from the /24, want 500 ±10%%", rate)
+	}
+	if r.Mode != "ebpf" || r.Limited == 0 || uint64(r.Received) != r.Passed {
+		t.Errorf("child: mode %s, limited %d, passed %d, received %d", r.Mode, r.Limited, r.Passed, r.Received)
+	}
+	if r.UpdateErr != "" || r.CloseErr != "" {
+		t.Errorf("child Update: %q, Close: %q", r.UpdateErr, r.CloseErr)
+	}
+
+	// The child has closed its filter: the pins and their counters remain.
+	f, err := OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.Stats()
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var limited24 uint64
+	for _, n := range st.Nodes {
+		if n.Node == "ipv4/24" {
+			limited24 = n.Limited
+		}
+	}
+	if st.Seen < 20000 || limited24 == 0 || st.Passed != r.Passed {
+		t.Errorf("stats through the pins: %+v; want the flood seen and limited at ipv4/24, %d passed", st, r.Passed)
+	}
+	if err := Unpin(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("pin directory left after Unpin: %v", err)
+	}
+}
+
+// TestPinnedSharedLimit: two unprivileged processes, each with its own SO_REUSEPORT
+// socket on one port, attach the same pins and hold one limit together.
+func TestPinnedSharedLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
+	e := newPinEnv(t)
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "500", nobody, nobody)
+	a := e.start(t, "serve", dir, nobody, nobody, 0)
+	b := e.start(t, "serve", dir, nobody, nobody, a.port)
+	if b.port != a.port {
+		t.Fatalf("second server on port %d, want %d", b.port, a.port)
+	}
+	const dur = 3 * time.Second
+	flood(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(a.port)), dur, a, b)
+	ra, rb := a.result(t), b.result(t)
+	t.Logf("a: %+v\nb: %+v", ra, rb)
+	if ra.Err != "" || rb.Err != "" {
+		t.Fatalf("children: %q, %q", ra.Err, rb.Err)
+	}
+	if ra.Received == 0 || rb.Received == 0 {
+		t.Errorf("traffic did not spread over both processes: %d, %d", ra.Received, rb.Received)
+	}
+	if rate := float64(ra.Steady+rb.Steady) / 1.5; !within(rate, 500, 0.10) {
+		t.Errorf("two processes together received %.0f pps from the /24, want one shared limit of 500 ±10%%", rate)
+	}
+}
+
+// TestPinnedPermissions: a user that is neither owner nor group member is refused
+// with an error naming the pin and the user; an owner whose settings pin was made
+// read-only still attaches and reads statistics, and Update says why it cannot.
+func TestPinnedPermissions(t *testing.T) {
+	e := newPinEnv(t)
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "500", nobody, nobody)
+
+	other := e.start(t, "probe", dir, nobody-1, nobody-1, 0).result(t)
+	t.Logf("stranger: %s", other.Err)
+	if !other.NotPermitted || !strings.Contains(other.Err, filepath.Join(dir, "rrl_")) || !strings.Contains(other.Err, "uid 65533") {
+		t.Errorf("stranger: %+v; want ErrNotPermitted naming a pin and uid 65533", other)
+	}
+
+	settings := filepath.Join(dir, pinSettings)
+	if err := os.Chmod(settings, 0o440); err != nil {
+		t.Fatal(err)
+	}
+	ro := e.start(t, "probe", dir, nobody, nobody, 0).result(t)
+	t.Logf("read-only owner: %s", ro.UpdateErr)
+	if ro.Err != "" || ro.Mode != "ebpf" {
+		t.Fatalf("owner with a read-only settings pin: %+v", ro)
+	}
+	if !ro.UpdateNotPermitted || !strings.Contains(ro.UpdateErr, settings) || !strings.Contains(ro.UpdateErr, "uid 65534") {
+		t.Errorf("Update with read-only settings: %q (ErrNotPermitted %v), want a permission error naming %s and the uid", ro.UpdateErr, ro.UpdateNotPermitted, settings)
+	}
+}
+
+// TestPinnedLayoutMismatch: pins whose layout version or map shapes differ from this
+// library's are refused with ErrLayoutMismatch rather than misread.
+func TestPinnedLayoutMismatch(t *testing.T) {
+	e := newPinEnv(t)
+	cases := []struct {
+		name  string
+		spoil func(t *testing.T, dir string)
+	}{
+		{"layout version", func(t *testing.T, dir string) {
+			m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinSettings), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			var s filterSettings
+			if err := m.Lookup(uint32(0), &s); err != nil {
+				t.Fatal(err)
+			}
+			s.LayoutVersion = layoutVersion + 1
+			if err := m.Put(uint32(0), &s); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"counters of another size", func(t *testing.T, dir string) {
+			path := filepath.Join(dir, pinCounters)
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8 * 20, MaxEntries: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := m.Pin(path); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"config format", func(t *testing.T, dir string) {
+			m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinConfig), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := m.Put(uint32(0), make([]byte, configValueSize)); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(e.mnt, fmt.Sprintf("rrl%d", i))
+			loadPinnedForTest(t, dir, "500", -1, -1)
+			c.spoil(t, dir)
+			srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+			f, err := AttachPinned(srv.conn, dir)
+			if !errors.Is(err, ErrLayoutMismatch) {
+				if f != nil {
+					f.Close()
+				}
+				t.Fatalf("AttachPinned: %v, want ErrLayoutMismatch", err)
+			}
+			if err := Unpin(dir); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestPinnedErrors: misplaced or missing pin directories, a second load, and
+// unloading nothing give errors that say so.
+func TestPinnedErrors(t *testing.T) {
+	e := newPinEnv(t)
+	plain := t.TempDir() // not on bpffs
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "500", -1, -1)
+	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+	attach := func(d string) error {
+		f, err := AttachPinned(srv.conn, d)
+		if err == nil {
+			f.Close()
+		}
+		return err
+	}
+	cases := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"load on a plain directory", LoadPinned(nil, plain, -1, -1), ErrNotMounted},
+		{"load under a plain directory", LoadPinned(nil, filepath.Join(plain, "rrl"), -1, -1), ErrNotMounted},
+		{"load under a missing directory", LoadPinned(nil, filepath.Join(e.mnt, "a", "b"), -1, -1), fs.ErrNotExist},
+		{"load twice", LoadPinned(nil, dir, -1, -1), fs.ErrExist},
+		{"attach from a plain directory", attach(plain), ErrNotMounted},
+		{"attach from a missing directory", attach(filepath.Join(e.mnt, "missing")), fs.ErrNotExist},
+		{"attach from an empty bpffs", attach(e.mnt), fs.ErrNotExist},
+		{"unpin a plain directory", Unpin(plain), ErrNotMounted},
+		{"unpin an empty bpffs", Unpin(e.mnt), fs.ErrNotExist},
+	}
+	for _, c := range cases {
+		if !errors.Is(c.err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, c.err, c.want)
+		}
+	}
+	if err := attach(dir); err != nil {
+		t.Errorf("the failed second load disturbed the first: %v", err)
+	}
+	if err := Unpin(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(e.mnt); err != nil {
+		t.Errorf("Unpin removed a directory it did not create: %v", err)
+	}
+}
+
+// TestPinnedUpdateShared: an Update through one opening of the pins is what every
+// other opening then reads, and the seed survives it.
+func TestPinnedUpdateShared(t *testing.T) {
+	e := newPinEnv(t)
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "500", -1, -1)
+	a, err := OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	cfg := a.Config()
+	for _, kv := range [][2]string{{"requests-per-second", "750"}, {"exempt-clients", "192.0.2.0/24 2001:db8::/32"}, {"report-only", ""}} {
+		if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	b, err := OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if !sameConfig(b.Config(), cfg) {
+		t.Errorf("second opening reads %s, want %s", configText(b.Config()), configText(cfg))
+	}
+	if a.seed != b.seed || a.seed == 0 {
+		t.Errorf("seeds %x and %x", a.seed, b.seed)
+	}
+	var s filterSettings
+	if err := b.objs.Settings.Lookup(uint32(0), &s); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(&s, kernelSettings(cfg, a.seed)) {
+		t.Errorf("settings map differs from the updated Config")
+	}
+	if err := Unpin(dir); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sameConfig compares Configs field by field, nil and empty lists alike, clocks
+// ignored.
+func sameConfig(a, b *Config) bool {
+	norm := func(c *Config) Config {
+		d := *c.clone()
+		d.nowFunc = nil
+		if len(d.exempt) == 0 {
+			d.exempt = nil
+		}
+		if len(d.ipv4Levels) == 0 {
+			d.ipv4Levels = nil
+		}
+		if len(d.ipv6Levels) == 0 {
+			d.ipv6Levels = nil
+		}
+		if len(d.reflectionPorts) == 0 {
+			d.reflectionPorts = nil
+		}
+		return d
+	}
+	return reflect.DeepEqual(norm(a), norm(b))
+}
+
+// TestConfigTextRoundTrip: the text a pinned filter stores rebuilds the same Config.
+func TestConfigTextRoundTrip(t *testing.T) {
+	cases := [][][2]string{
+		nil,
+		{{"requests-per-second", "500"}},
+		{{"responses-per-second", "5"}, {"nxdomains-per-second", "0"}, {"errors-per-second", "2.5"}},
+		{{"ipv4-prefix-length", "20"}, {"ipv4-request-levels", "32:1 28:0.5 20:2 16:16 8:100"}},
+		{{"ipv4-request-levels", ""}, {"ipv6-request-levels", ""}, {"reflection-ports", ""}},
+		{{"ipv6-prefix-length", "48"}, {"ipv6-request-levels", "128:1 64:1 56:2 40:8"}},
+		{{"exempt-clients", "10.0.0.0/8, 192.0.2.1 ::ffff:198.51.100.7 2001:db8::/33"}},
+		{{"report-only", ""}, {"slip-ratio", "0"}, {"max-table-size", "7"}, {"window", "3600"}},
+		{{"all-per-second", "1e-3"}, {"qps-scale", "10000000"}, {"source-port-factor", "0.1"}, {"total-requests-per-second", "123456.789"}},
+	}
+	for _, pairs := range cases {
+		cfg := NewConfig()
+		for _, kv := range pairs {
+			if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := parseConfigText(configText(cfg))
+		if err != nil {
+			t.Errorf("%v: %v", pairs, err)
+			continue
+		}
+		if !sameConfig(got, cfg) {
+			t.Errorf("%v: round trip gives\n%s want\n%s", pairs, configText(got), configText(cfg))
+		}
+	}
+}
+
+// FuzzParseConfigText: any stored text either fails cleanly or gives a Config whose
+// own text gives it back.
+func FuzzParseConfigText(f *testing.F) {
+	f.Add(configText(NewConfig()))
+	f.Add("requests-per-second=5\nipv4-prefix-length=20\n")
+	f.Add("exempt-clients=::1 10.0.0.0/8\nreport-only=\n")
+	f.Add("garbage")
+	f.Fuzz(func(t *testing.T, text string) {
+		cfg, err := parseConfigText(text)
+		if err != nil {
+			return
+		}
+		again, err := parseConfigText(configText(cfg))
+		if err != nil {
+			t.Fatalf("own text of %q fails: %v", text, err)
+		}
+		if !sameConfig(cfg, again) {
+			t.Fatalf("%q: round trip differs", text)
+		}
+	})
+}
+
+func TestParseKernelRelease(t *testing.T) {
+	cases := []struct {
+		rel          string
+		major, minor int
+		ok           bool
+	}{
+		{"6.18.0", 6, 18, true},
+		{"5.19.0-46-generic", 5, 19, true},
+		{"5.4.0-rc1", 5, 4, true},
+		{"4.19", 4, 19, true},
+		{"6.1-custom", 6, 1, true},
+		{"6", 0, 0, false},
+		{"x.1", 0, 0, false},
+		{"", 0, 0, false},
+	}
+	for _, c := range cases {
+		major, minor, ok := parseKernelRelease(c.rel)
+		if major != c.major || minor != c.minor || ok != c.ok {
+			t.Errorf("%q: %d.%d %v, want %d.%d %v", c.rel, major, minor, ok, c.major, c.minor, c.ok)
+		}
+	}
+	if _, _, ok := kernelVersion(); !ok {
+		t.Error("cannot read the running kernel's version")
+	}
+}
+
+// The pin layout must name every production object once.
+func TestPinLayout(t *testing.T) {
+	if len(pinOrder) != len(pinModes) {
+		t.Fatalf("pinOrder %v and pinModes disagree", pinOrder)
+	}
+	names := slices.Clone(pinOrder)
+	slices.Sort(names)
+	typ := reflect.TypeFor[kernelObjects]()
+	for i := range typ.NumField() {
+		if tag := typ.Field(i).Tag.Get("ebpf"); !slices.Contains(names, tag) {
+			t.Errorf("production object %s is not pinned", tag)
+		}
+	}
+}
