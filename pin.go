@@ -34,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -568,4 +569,162 @@ func parseKernelRelease(rel string) (major, minor int, ok bool) {
 		return 0, 0, false
 	}
 	return major, minor, true
+}
+
+// Reading the sketches back. A sketch cell holds the summed, decayed rate of every
+// source group that hashes to it, keyed by a secret seed: cells cannot be turned
+// back into addresses. What can be read is how heavy the heaviest cells of each
+// level are (an upper bound on the heaviest group there), and, for a source one
+// names, the estimate the filter is applying to each of its groups.
+
+// SketchCell is one cell of a request-limiter sketch and its current rate estimate.
+type SketchCell struct {
+	Node   string  // the level, as in NodeStats ("ipv4/24", "port", ...)
+	Row    int     // sketch row (every group counts once in each row)
+	Column int     // column within the row
+	Rate   float64 // packets per second of all groups hashing here, decayed to now
+	Limit  float64 // the level's limit per group
+}
+
+// GroupRate is the filter's current rate estimate for one source group.
+type GroupRate struct {
+	Node  string       // the level
+	Group netip.Prefix // the group: the source masked to the level (0.0.0.0/0 for port and total)
+	Port  uint16       // the source port, for the port level
+	Rate  float64      // packets per second: the smaller of the group's cells, an upper bound
+	Limit float64      // the level's limit per group
+}
+
+// HeavyCells returns, for every active level, its n heaviest cells in each sketch
+// row, heaviest first within each level; levels in lattice order. The heaviest group
+// of a level sends at most the smaller of its two rows' heaviest rates.
+func (f *Filter) HeavyCells(n int) ([]SketchCell, error) {
+	s, cells, now, err := f.readSketches()
+	if err != nil {
+		return nil, err
+	}
+	var out []SketchCell
+	for node := 0; node < numNodes; node++ {
+		if s.Limit[node] == 0 {
+			continue
+		}
+		var level []SketchCell
+		for row := 0; row < sketchDepth; row++ {
+			var r []SketchCell
+			for col := 0; col < sketchWidth; col++ {
+				c := cells[(node*sketchDepth+row)*sketchWidth+col]
+				rate := cellRate(Fixed(c.Count), c.Last, now)
+				if rate == 0 {
+					continue
+				}
+				r = append(r, SketchCell{Row: row, Column: col, Rate: rate.Float64()})
+			}
+			slices.SortFunc(r, func(a, b SketchCell) int { return cmpRate(a.Rate, b.Rate) })
+			level = append(level, r[:min(n, len(r))]...)
+		}
+		slices.SortStableFunc(level, func(a, b SketchCell) int { return cmpRate(a.Rate, b.Rate) })
+		for i := range level {
+			level[i].Node = nodeName(node, s.Prefix[node])
+			level[i].Limit = Fixed(s.Limit[node]).Float64()
+		}
+		out = append(out, level...)
+	}
+	return out, nil
+}
+
+// cmpRate orders heavier first.
+func cmpRate(a, b float64) int {
+	switch {
+	case a > b:
+		return -1
+	case a < b:
+		return 1
+	}
+	return 0
+}
+
+// GroupRates returns the filter's current estimate for every group src belongs to
+// at the active levels of its family, then the port and total levels: the same
+// numbers the filter compares with the limits for src's next packet.
+func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
+	s, cells, now, err := f.readSketches()
+	if err != nil {
+		return nil, err
+	}
+	addr := src.Addr().Unmap()
+	first := nodeIPv6First
+	if addr.Is4() {
+		first = nodeIPv4First
+	}
+	estimate := func(node int, hi, lo uint64, port uint16) float64 {
+		h := sketchHash(s.Seed, hi, lo, port, uint8(node))
+		var m Fixed = ^Fixed(0)
+		for row := 0; row < sketchDepth; row++ {
+			c := cells[(node*sketchDepth+row)*sketchWidth+int(sketchIndex(h, row))]
+			m = min(m, cellRate(Fixed(c.Count), c.Last, now))
+		}
+		return m.Float64()
+	}
+	var out []GroupRate
+	for node := first; node < first+maxRequestLevel; node++ {
+		if s.Limit[node] == 0 {
+			continue
+		}
+		p := netip.PrefixFrom(addr, int(s.Prefix[node])).Masked()
+		b := p.Addr().As16()
+		hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+		if addr.Is4() {
+			hi, lo = 0, uint64(binary.BigEndian.Uint32(b[12:]))
+		}
+		out = append(out, GroupRate{Node: nodeName(node, s.Prefix[node]), Group: p,
+			Rate: estimate(node, hi, lo, 0), Limit: Fixed(s.Limit[node]).Float64()})
+	}
+	any4 := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	if s.Limit[nodePort] != 0 && src.Port() != 0 {
+		out = append(out, GroupRate{Node: "port", Group: any4, Port: src.Port(),
+			Rate: estimate(nodePort, 0, 0, src.Port()), Limit: Fixed(s.Limit[nodePort]).Float64()})
+	}
+	if s.Limit[nodeTotal] != 0 {
+		out = append(out, GroupRate{Node: "total", Group: any4,
+			Rate: estimate(nodeTotal, 0, 0, 0), Limit: Fixed(s.Limit[nodeTotal]).Float64()})
+	}
+	return out, nil
+}
+
+// readSketches reads the settings and every sketch cell, and the kernel clock the
+// cells' times are on (bpf_ktime_get_ns: CLOCK_MONOTONIC).
+func (f *Filter) readSketches() (*filterSettings, []filterCell, uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.mode != ModeEBPF {
+		return nil, nil, 0, fmt.Errorf("rrl: read sketches: %w", ErrClosed)
+	}
+	var s filterSettings
+	if err := f.objs.Settings.Lookup(uint32(0), &s); err != nil {
+		return nil, nil, 0, fmt.Errorf("rrl: read settings: %w", err)
+	}
+	cells := make([]filterCell, f.objs.Cells.MaxEntries())
+	const chunk = 4096
+	keys := make([]uint32, chunk)
+	vals := make([]filterCell, chunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := f.objs.Cells.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			if int(keys[i]) < len(cells) {
+				cells[keys[i]] = vals[i]
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("rrl: read sketches: %w", err)
+		}
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, nil, 0, fmt.Errorf("rrl: clock: %w", err)
+	}
+	return &s, cells, uint64(ts.Nano()), nil
 }

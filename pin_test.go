@@ -713,3 +713,80 @@ func TestPinLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestPinnedSketchReadBack: after a flood from one /24, the estimates read back
+// from the pinned sketches show the /24 at the flood's rate, each of its 40
+// sources at a fortieth, an uninvolved network near zero, and the /24's cells as
+// the only busy ones of their level.
+func TestPinnedSketchReadBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
+	e := newPinEnv(t)
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "500", -1, -1)
+	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+	f, err := AttachPinned(srv.conn, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const rate = 4000
+	raw := newRawSender(t, srv.addr)
+	start := time.Now()
+	sent := 0
+	for time.Since(start) < 1500*time.Millisecond {
+		for due := int(rate*time.Since(start).Seconds()) - sent; due > 0; due-- {
+			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 6, 6, byte(1 + sent%40)}), uint16(40000+sent%40))
+			raw.send(t, ipv4Packet(src, srv.addr, nil, dnsQuery(uint16(sent), false)))
+			sent++
+		}
+		time.Sleep(time.Millisecond)
+	}
+	groups, err := f.GroupRates(netip.MustParseAddrPort("127.6.6.1:40000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.GroupRates(netip.MustParseAddrPort("127.99.1.1:40000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cells, err := f.HeavyCells(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("flood source: %+v\nother: %+v\ncells: %+v", groups, other, cells)
+	want := map[string]struct {
+		group string
+		rate  float64
+	}{
+		"ipv4/32": {"127.6.6.1/32", rate / 40},
+		"ipv4/24": {"127.6.6.0/24", rate},
+		"ipv4/16": {"127.6.0.0/16", rate},
+		"port":    {"0.0.0.0/0", rate / 40},
+	}
+	if len(groups) != len(want) {
+		t.Fatalf("groups %+v, want the levels %v", groups, want)
+	}
+	for _, g := range groups {
+		w, ok := want[g.Node]
+		if !ok || g.Group.String() != w.group || !within(g.Rate, w.rate, 0.20) {
+			t.Errorf("%s: group %s at %.0f pps, want %s at %.0f ±20%%", g.Node, g.Group, g.Rate, w.group, w.rate)
+		}
+	}
+	for _, g := range other {
+		if g.Node != "port" && g.Rate > rate/40/4 {
+			t.Errorf("uninvolved %s group %s estimated at %.0f pps", g.Node, g.Group, g.Rate)
+		}
+	}
+	var top24 []SketchCell
+	for _, c := range cells {
+		if c.Node == "ipv4/24" {
+			top24 = append(top24, c)
+		}
+	}
+	// One /24 sent: one busy cell per row, idle cells are not listed.
+	if len(top24) != 2 || !within(top24[0].Rate, rate, 0.20) || !within(top24[1].Rate, rate, 0.20) || top24[1].Row == top24[0].Row {
+		t.Errorf("heaviest ipv4/24 cells %+v: want the flood's cell in each row, nothing else", top24)
+	}
+}
