@@ -19,7 +19,8 @@ package rrl
 //
 // Every object is owned by the uid and gid given to LoadPinned, so that user (and
 // group) can attach, read statistics and the sketches, and reconfigure the filter
-// with Update; nobody else can open anything. Counters and sketches are read-only
+// with Update; nobody else can open anything. Without a gid (-1) the group bits are
+// cleared: root's group gets nothing. Counters and sketches are read-only
 // even for the owner: only the kernel program writes them. A directory LoadPinned
 // creates is mode 0711 and stays owned by its creator: anyone may traverse it, nobody
 // but root may list it or remove pins from it.
@@ -177,7 +178,12 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 		if err := os.Chown(path, uid, gid); err != nil {
 			return fmt.Errorf("rrl: %w", err)
 		}
-		if err := os.Chmod(path, pinModes[name]); err != nil {
+		mode := pinModes[name]
+		if gid < 0 {
+			// The group stays root's: it gets nothing.
+			mode &^= 0o070
+		}
+		if err := os.Chmod(path, mode); err != nil {
 			return fmt.Errorf("rrl: %w", err)
 		}
 	}
@@ -579,20 +585,20 @@ func parseKernelRelease(rel string) (major, minor int, ok bool) {
 
 // SketchCell is one cell of a request-limiter sketch and its current rate estimate.
 type SketchCell struct {
-	Node   string  // the level, as in NodeStats ("ipv4/24", "port", ...)
-	Row    int     // sketch row (every group counts once in each row)
-	Column int     // column within the row
-	Rate   float64 // packets per second of all groups hashing here, decayed to now
-	Limit  float64 // the level's limit per group
+	Node   string  `json:"node"`   // the level, as in NodeStats ("ipv4/24", "port", ...)
+	Row    int     `json:"row"`    // sketch row (every group counts once in each row)
+	Column int     `json:"column"` // column within the row
+	Rate   float64 `json:"rate"`   // packets per second of all groups hashing here, decayed to now
+	Limit  float64 `json:"limit"`  // the level's limit per group
 }
 
 // GroupRate is the filter's current rate estimate for one source group.
 type GroupRate struct {
-	Node  string       // the level
-	Group netip.Prefix // the group: the source masked to the level (0.0.0.0/0 for port and total)
-	Port  uint16       // the source port, for the port level
-	Rate  float64      // packets per second: the smaller of the group's cells, an upper bound
-	Limit float64      // the level's limit per group
+	Node  string       `json:"node"`           // the level
+	Group netip.Prefix `json:"group"`          // the source masked to the level (0.0.0.0/0 for port and total)
+	Port  uint16       `json:"port,omitempty"` // the source port, for the port level
+	Rate  float64      `json:"rate"`           // packets per second: the smaller of the group's cells, an upper bound
+	Limit float64      `json:"limit"`          // the level's limit per group
 }
 
 // HeavyCells returns, for every active level, its n heaviest cells in each sketch
@@ -728,3 +734,8 @@ func (f *Filter) readSketches() (*filterSettings, []filterCell, uint64, error) {
 	}
 	return &s, cells, uint64(ts.Nano()), nil
 }
+
+// Values returns c as keyword and value pairs: SetValue applied to NewConfig() with
+// them, in order, gives a Config equal to c. Tools print it, and the pinned filter
+// stores it as text.
+func (c *Config) Values() [][2]string { return configPairs(c) }

@@ -560,6 +560,12 @@ func TestPinnedUpdateShared(t *testing.T) {
 	e := newPinEnv(t)
 	dir := filepath.Join(e.mnt, "rrl")
 	loadPinnedForTest(t, dir, "500", -1, -1)
+	for name, mode := range pinModes {
+		// No group given: the group bits are cleared.
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode().Perm() != mode&^0o070 {
+			t.Errorf("%s: %v, %v; want mode %04o", name, fi.Mode(), err, mode&^0o070)
+		}
+	}
 	a, err := OpenPinned(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,319 @@
+// Command rrlctl loads the rrl kernel filter into a bpffs pin directory for
+// unprivileged DNS servers to attach (rrl.AttachPinned), and inspects and
+// reconfigures it while they run.
+//
+// Usage:
+//
+//	rrlctl load   -pin DIR [-user U] [-group G] [-KEYWORD VALUE ...]
+//	rrlctl unload -pin DIR
+//	rrlctl stats  -pin DIR [-watch 1s] [-count N] [-json]
+//	rrlctl set    -pin DIR KEYWORD VALUE [KEYWORD VALUE ...]
+//	rrlctl config -pin DIR [-json]
+//	rrlctl top    -pin DIR [-n 20] [-probe ADDR[:PORT],...] [-json]
+//
+// load and unload need root (CAP_BPF, CAP_CHOWN); the others need access to the pins
+// (the user and group given to load have it). Exit status: 0 success, 1 failure,
+// 2 bad usage. `rrlctl COMMAND -h` describes each command.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+
+	"github.com/dnsrake/rrl"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// command is one subcommand.
+type command struct {
+	name, args, summary, help string
+	// run parses args with fs (already holding -pin) and acts; it returns an error
+	// of type usageError for bad usage.
+	run func(c *cli, fs *flag.FlagSet, args []string) error
+}
+
+// cli is what the commands share: the output streams and the parsed -pin.
+type cli struct {
+	stdout, stderr io.Writer
+	pin            string
+}
+
+// usageError is bad usage: exit status 2 and a pointer to -h.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+var commands = []*command{loadCommand, unloadCommand, statsCommand, setCommand, configCommand, topCommand}
+
+const overview = `rrlctl manages the rrl kernel filter pinned in a bpffs directory.
+
+A privileged step ("rrlctl load") loads the filter once and pins it; DNS servers
+running as the given user attach it to their sockets without privileges
+(rrl.AttachPinned, Linux 5.19 or later) and share one set of limits.
+
+Usage: rrlctl COMMAND -pin DIR [flags] [args]
+
+Commands:
+`
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		printOverview(stderr)
+		return exitUsage
+	}
+	name := args[0]
+	if name == "help" || name == "-h" || name == "-help" || name == "--help" {
+		if len(args) > 1 {
+			for _, c := range commands {
+				if c.name == args[1] {
+					newFlagSet(c, &cli{}, stdout).Usage()
+					return exitOK
+				}
+			}
+		}
+		printOverview(stdout)
+		return exitOK
+	}
+	for _, c := range commands {
+		if c.name != name {
+			continue
+		}
+		cl := &cli{stdout: stdout, stderr: stderr}
+		fs := newFlagSet(c, cl, stderr)
+		err := c.run(cl, fs, args[1:])
+		var ue usageError
+		switch {
+		case err == nil:
+			return exitOK
+		case errors.Is(err, flag.ErrHelp):
+			return exitOK
+		case errors.As(err, &ue):
+			fmt.Fprintf(stderr, "rrlctl %s: %v\nRun 'rrlctl %s -h' for usage.\n", c.name, err, c.name)
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "rrlctl %s: %v\n", c.name, err)
+		return exitError
+	}
+	fmt.Fprintf(stderr, "rrlctl: unknown command %q\nRun 'rrlctl help' for usage.\n", name)
+	return exitUsage
+}
+
+func printOverview(w io.Writer) {
+	fmt.Fprint(w, overview)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-7s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, "\nRun 'rrlctl COMMAND -h' for a command's flags.\nExit status: 0 success, 1 failure, 2 bad usage.\n")
+}
+
+// newFlagSet makes the flag set of c with -pin, printing usage to w.
+func newFlagSet(c *command, cl *cli, w io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("rrlctl "+c.name, flag.ContinueOnError)
+	fs.SetOutput(w)
+	fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs, e.g. /sys/fs/bpf/rrl (required)")
+	fs.Usage = func() {
+		fmt.Fprintf(w, "Usage: rrlctl %s -pin DIR %s\n\n%s\n\nFlags:\n", c.name, c.args, strings.TrimSpace(c.help))
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args and checks -pin; it returns the positional arguments.
+func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		// The flag package has printed the problem and the usage.
+		return nil, usageError{err.Error()}
+	}
+	if c.pin == "" {
+		return nil, usagef("-pin DIR is required")
+	}
+	return fs.Args(), nil
+}
+
+func noArgs(rest []string) error {
+	if len(rest) > 0 {
+		return usagef("unexpected arguments %q", rest)
+	}
+	return nil
+}
+
+var loadCommand = &command{
+	name:    "load",
+	args:    "[-user U] [-group G] [-KEYWORD VALUE ...]",
+	summary: "load the filter and pin it for a user or group (root)",
+	help: `Load the eBPF filter and pin its program and maps in DIR, a directory on
+bpffs (created if its parent is on bpffs), owned by -user and -group: they may
+attach it (rrl.AttachPinned), read its statistics and reconfigure it; nobody else
+may open it. Every rrl configuration keyword is a flag: -requests-per-second 50
+-ipv4-request-levels "32:1 16:16" -exempt-clients 192.0.2.0/24 -report-only.
+Needs root (CAP_BPF and CAP_CHOWN).`,
+	run: func(c *cli, fs *flag.FlagSet, args []string) error {
+		userName := fs.String("user", "", "the `user` (name or uid) whose servers attach the filter")
+		groupName := fs.String("group", "", "the `group` (name or gid) whose members may attach the filter")
+		cfg := rrl.NewConfig()
+		var cfgErr error
+		for _, kw := range rrl.ConfigKeywords() {
+			set := func(v string) error {
+				if err := cfg.SetValue(kw, v); err != nil && cfgErr == nil {
+					cfgErr = err
+				}
+				return nil
+			}
+			if kw == "report-only" {
+				fs.BoolFunc(kw, "count but never drop (rrl keyword report-only)", set)
+				continue
+			}
+			fs.Func(kw, "rrl keyword "+kw+" (see rrl.Config)", set)
+		}
+		rest, err := c.parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(rest); err != nil {
+			return err
+		}
+		if cfgErr != nil {
+			return usageError{cfgErr.Error()}
+		}
+		uid, gid := -1, -1
+		if *userName != "" {
+			if uid, err = lookupID(*userName, user.Lookup, func(u *user.User) string { return u.Uid }); err != nil {
+				return usagef("-user %s: %v", *userName, err)
+			}
+		}
+		if *groupName != "" {
+			if gid, err = lookupID(*groupName, user.LookupGroup, func(g *user.Group) string { return g.Gid }); err != nil {
+				return usagef("-group %s: %v", *groupName, err)
+			}
+		}
+		if err := rrl.LoadPinned(cfg, c.pin, uid, gid); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stdout, "loaded the filter into %s (uid %d, gid %d; -1: root)\n", c.pin, uid, gid)
+		return nil
+	},
+}
+
+// lookupID resolves a user or group name, or takes a number as it is.
+func lookupID[T any](name string, lookup func(string) (T, error), id func(T) string) (int, error) {
+	if n, err := strconv.Atoi(name); err == nil && n >= 0 {
+		return n, nil
+	}
+	v, err := lookup(name)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(id(v))
+}
+
+var unloadCommand = &command{
+	name:    "unload",
+	summary: "remove the pins (root)",
+	help: `Remove the pins "rrlctl load" made in DIR, and DIR if load created it. Servers
+that attached the filter keep it on their sockets until they close them.`,
+	run: func(c *cli, fs *flag.FlagSet, args []string) error {
+		rest, err := c.parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(rest); err != nil {
+			return err
+		}
+		if err := rrl.Unpin(c.pin); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stdout, "unloaded %s\n", c.pin)
+		return nil
+	},
+}
+
+var setCommand = &command{
+	name:    "set",
+	args:    "KEYWORD VALUE [KEYWORD VALUE ...]",
+	summary: "change the running filter's configuration",
+	help: `Apply rrl configuration keywords to the pinned filter's configuration, at
+once for every server attached to it; the sketches are kept. For example:
+rrlctl set -pin /sys/fs/bpf/rrl requests-per-second 100 report-only false`,
+	run: func(c *cli, fs *flag.FlagSet, args []string) error {
+		rest, err := c.parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if len(rest) == 0 || len(rest)%2 != 0 {
+			return usagef("want KEYWORD VALUE pairs, got %q", rest)
+		}
+		f, err := rrl.OpenPinned(c.pin)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		cfg := f.Config()
+		for i := 0; i < len(rest); i += 2 {
+			if err := cfg.SetValue(rest[i], rest[i+1]); err != nil {
+				return usageError{err.Error()}
+			}
+		}
+		if err := f.Update(cfg); err != nil {
+			return err
+		}
+		for i := 0; i < len(rest); i += 2 {
+			fmt.Fprintf(c.stdout, "%s %s\n", rest[i], rest[i+1])
+		}
+		return nil
+	},
+}
+
+var configCommand = &command{
+	name:    "config",
+	args:    "[-json]",
+	summary: "print the running filter's configuration",
+	help:    `Print the configuration the pinned filter runs with, one "keyword value" per line.`,
+	run: func(c *cli, fs *flag.FlagSet, args []string) error {
+		asJSON := fs.Bool("json", false, "print a JSON object")
+		rest, err := c.parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(rest); err != nil {
+			return err
+		}
+		f, err := rrl.OpenPinned(c.pin)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		pairs := f.Config().Values()
+		if *asJSON {
+			m := map[string]string{}
+			for _, kv := range pairs {
+				m[kv[0]] = kv[1]
+			}
+			return writeJSON(c.stdout, m)
+		}
+		for _, kv := range pairs {
+			fmt.Fprintf(c.stdout, "%-26s %s\n", kv[0], strconv.Quote(kv[1]))
+		}
+		return nil
+	},
+}

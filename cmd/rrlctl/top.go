@@ -1,0 +1,170 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/dnsrake/rrl"
+)
+
+var topCommand = &command{
+	name:    "top",
+	args:    "[-n 20] [-probe ADDR[:PORT],...] [-json]",
+	summary: "show the heaviest sketch cells, and estimates for given sources",
+	help: `Show what the request limiter's sketches currently hold, per level.
+
+The filter keeps no table of sources: each level is a CountMin sketch of two rows
+of 2048 cells, and a source group adds its packets to one cell per row, chosen by
+a keyed hash. A cell holds the decayed rate of every group hashing to it, so cells
+cannot be turned back into addresses. For every level, top prints the heaviest
+rate in the sketch (the smaller of the two rows' heaviest cells: no group there is
+heavier), how many cells are over the level's limit, and the -n heaviest cells of
+each row.
+
+-probe names sources (addresses, or address:port for the source-port level): for
+each, top prints the rate the filter is estimating for every group it belongs to,
+the same number it compares with the limit for that source's next packet.`,
+	run: func(c *cli, fs *flag.FlagSet, args []string) error {
+		n := fs.Int("n", 20, "list the `N` heaviest cells of each row of each level (0: none)")
+		probe := fs.String("probe", "", "comma-separated `sources` (ADDR or ADDR:PORT) to estimate")
+		asJSON := fs.Bool("json", false, "print JSON")
+		rest, err := c.parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(rest); err != nil {
+			return err
+		}
+		if *n < 0 {
+			return usagef("-n must not be negative")
+		}
+		var sources []netip.AddrPort
+		for _, s := range strings.FieldsFunc(*probe, func(r rune) bool { return r == ',' || r == ' ' }) {
+			ap, err := netip.ParseAddrPort(s)
+			if err != nil {
+				a, aerr := netip.ParseAddr(s)
+				if aerr != nil {
+					return usagef("-probe: %q is not an address or address:port", s)
+				}
+				ap = netip.AddrPortFrom(a, 0)
+			}
+			sources = append(sources, ap)
+		}
+		f, err := rrl.OpenPinned(c.pin)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		// Every busy cell: the level summaries count all of them.
+		cells, err := f.HeavyCells(1 << 16)
+		if err != nil {
+			return err
+		}
+		rep := topReport{PinDir: c.pin, Levels: summarize(cells), Cells: []rrl.SketchCell{}, Probes: []probeJSON{}}
+		perRow := map[[2]any]int{}
+		for _, cell := range cells {
+			k := [2]any{cell.Node, cell.Row}
+			if perRow[k] < *n {
+				rep.Cells = append(rep.Cells, cell)
+			}
+			perRow[k]++
+		}
+		for _, src := range sources {
+			groups, err := f.GroupRates(src)
+			if err != nil {
+				return err
+			}
+			rep.Probes = append(rep.Probes, probeJSON{Source: src.String(), Groups: groups})
+		}
+		if *asJSON {
+			return writeJSON(c.stdout, rep)
+		}
+		printTop(c, rep)
+		return nil
+	},
+}
+
+type topReport struct {
+	PinDir string           `json:"pin_dir"`
+	Levels []levelTop       `json:"levels"`
+	Cells  []rrl.SketchCell `json:"cells"`
+	Probes []probeJSON      `json:"probes"`
+}
+
+// levelTop summarizes one level's sketch.
+type levelTop struct {
+	Node  string  `json:"node"`
+	Limit float64 `json:"limit"`
+	// Heaviest bounds the heaviest group: the smaller of the rows' heaviest cells.
+	Heaviest float64 `json:"heaviest"`
+	// OverLimit counts the cells above the limit, per row.
+	OverLimit []int `json:"cells_over_limit"`
+	Busy      int   `json:"busy_cells"`
+}
+
+type probeJSON struct {
+	Source string          `json:"source"`
+	Groups []rrl.GroupRate `json:"groups"`
+}
+
+// summarize condenses every busy cell (heaviest first within each level, as
+// HeavyCells returns them) into one line per level.
+func summarize(cells []rrl.SketchCell) []levelTop {
+	var out []levelTop
+	index := map[string]int{}
+	var rowMax [][2]float64
+	for _, c := range cells {
+		i, ok := index[c.Node]
+		if !ok {
+			i = len(out)
+			index[c.Node] = i
+			out = append(out, levelTop{Node: c.Node, Limit: c.Limit, OverLimit: make([]int, 2)})
+			rowMax = append(rowMax, [2]float64{})
+		}
+		out[i].Busy++
+		if c.Row < 2 {
+			rowMax[i][c.Row] = max(rowMax[i][c.Row], c.Rate)
+			if c.Rate > c.Limit {
+				out[i].OverLimit[c.Row]++
+			}
+		}
+	}
+	for i := range out {
+		out[i].Heaviest = min(rowMax[i][0], rowMax[i][1])
+	}
+	return out
+}
+
+func printTop(c *cli, rep topReport) {
+	w := c.stdout
+	if len(rep.Levels) == 0 {
+		fmt.Fprintf(w, "%s: the sketches are empty (no traffic lately, or requests-per-second 0)\n", rep.PinDir)
+	} else {
+		fmt.Fprintf(w, "%s: sketch cells hold hashed sums, not addresses (see -h); rates in packets/s\n\n", rep.PinDir)
+		fmt.Fprintf(w, "  %-10s %12s %12s %16s %8s\n", "level", "limit", "heaviest", "over limit/row", "busy")
+		for _, l := range rep.Levels {
+			fmt.Fprintf(w, "  %-10s %12.6g %12.1f %16s %8d\n", l.Node, l.Limit, l.Heaviest, fmt.Sprintf("%d/%d", l.OverLimit[0], l.OverLimit[1]), l.Busy)
+		}
+	}
+	if len(rep.Cells) > 0 {
+		fmt.Fprintf(w, "\n  %-10s %4s %7s %12s\n", "level", "row", "column", "rate")
+		for _, cell := range rep.Cells {
+			fmt.Fprintf(w, "  %-10s %4d %7d %12.1f\n", cell.Node, cell.Row, cell.Column, cell.Rate)
+		}
+	}
+	for _, p := range rep.Probes {
+		fmt.Fprintf(w, "\n  source %s\n  %-10s %-26s %12s %12s\n", p.Source, "level", "group", "rate", "limit")
+		for _, g := range p.Groups {
+			group := g.Group.String()
+			switch g.Node {
+			case "port":
+				group = fmt.Sprintf("source port %d", g.Port)
+			case "total":
+				group = "all sources"
+			}
+			fmt.Fprintf(w, "  %-10s %-26s %12.1f %12.6g\n", g.Node, group, g.Rate, g.Limit)
+		}
+	}
+}
