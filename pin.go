@@ -229,7 +229,7 @@ func checkBPFFS(path string) error {
 		}
 		return fmt.Errorf("rrl: statfs %s: %w", path, err)
 	}
-	if st.Type != unix.BPF_FS_MAGIC {
+	if uint32(st.Type) != unix.BPF_FS_MAGIC { // int32 or int64 by architecture
 		return fmt.Errorf("rrl: %s: %w", path, ErrNotMounted)
 	}
 	return nil

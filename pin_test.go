@@ -3,6 +3,7 @@ package rrl
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -136,11 +138,13 @@ func pinHelper(mode, dir, port string) (res helperResult) {
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-			if serr == nil {
+			serr = errors.Join(
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1),
 				// Unprivileged: SO_RCVBUF, bounded by net.core.rmem_max.
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
-			}
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20),
+				// Arrival times from the kernel, so that a late read does not
+				// move a datagram into the steady window.
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1))
 		})
 		return errors.Join(err, serr)
 	}}
@@ -172,7 +176,7 @@ func pinHelper(mode, dir, port string) (res helperResult) {
 			}
 			close(done)
 		}()
-		buf := make([]byte, 2048)
+		buf, oob := make([]byte, 2048), make([]byte, 128)
 		stopped := false
 		for {
 			select {
@@ -181,14 +185,15 @@ func pinHelper(mode, dir, port string) (res helperResult) {
 			default:
 			}
 			conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-			if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
+			_, oobn, _, _, err := conn.ReadMsgUDPAddrPort(buf, oob)
+			if err != nil {
 				if stopped {
 					break
 				}
 				continue
 			}
 			res.Received++
-			if now := time.Now().UnixNano(); now >= from && now < to {
+			if at := arrival(oob[:oobn]); at >= from && at < to {
 				res.Steady++
 			}
 		}
@@ -209,6 +214,25 @@ func pinHelper(mode, dir, port string) (res helperResult) {
 		res.CloseErr = err.Error()
 	}
 	return res
+}
+
+// arrival returns the kernel's receive time (Unix ns) from a datagram's control
+// messages, or now when there is none.
+func arrival(oob []byte) int64 {
+	msgs, _ := unix.ParseSocketControlMessage(oob)
+	for _, m := range msgs {
+		if m.Header.Level != unix.SOL_SOCKET || m.Header.Type != unix.SCM_TIMESTAMPNS {
+			continue
+		}
+		// A struct timespec of two longs.
+		switch len(m.Data) {
+		case 16:
+			return int64(binary.NativeEndian.Uint64(m.Data))*1e9 + int64(binary.NativeEndian.Uint64(m.Data[8:]))
+		case 8:
+			return int64(binary.NativeEndian.Uint32(m.Data))*1e9 + int64(binary.NativeEndian.Uint32(m.Data[4:]))
+		}
+	}
+	return time.Now().UnixNano()
 }
 
 // child is a running helper process.
@@ -739,16 +763,32 @@ func TestPinnedSketchReadBack(t *testing.T) {
 	defer f.Close()
 	const rate = 4000
 	raw := newRawSender(t, srv.addr)
-	start := time.Now()
-	sent := 0
-	for time.Since(start) < 1500*time.Millisecond {
-		for due := int(rate*time.Since(start).Seconds()) - sent; due > 0; due-- {
-			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 6, 6, byte(1 + sent%40)}), uint16(40000+sent%40))
-			raw.send(t, ipv4Packet(src, srv.addr, nil, dnsQuery(uint16(sent), false)))
-			sent++
+	// The flood goes on while the sketches are read (slowly under -race), so that
+	// the estimates are steady rather than decaying.
+	stop, sendErr := make(chan struct{}), make(chan error, 1)
+	go func() {
+		start := time.Now()
+		sent := 0
+		for {
+			select {
+			case <-stop:
+				sendErr <- nil
+				return
+			case <-time.After(time.Millisecond):
+			}
+			for due := int(rate*time.Since(start).Seconds()) - sent; due > 0; due-- {
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 6, 6, byte(1 + sent%40)}), uint16(40000+sent%40))
+				if err := unix.Sendto(raw.fd, ipv4Packet(src, srv.addr, nil, dnsQuery(uint16(sent), false)), 0, raw.dst); err != nil {
+					sendErr <- err
+					return
+				}
+				sent++
+			}
 		}
-		time.Sleep(time.Millisecond)
-	}
+	}()
+	halt := sync.OnceFunc(func() { close(stop) })
+	defer halt()
+	time.Sleep(1500 * time.Millisecond)
 	groups, err := f.GroupRates(netip.MustParseAddrPort("127.6.6.1:40000"))
 	if err != nil {
 		t.Fatal(err)
@@ -759,6 +799,10 @@ func TestPinnedSketchReadBack(t *testing.T) {
 	}
 	cells, err := f.HeavyCells(2)
 	if err != nil {
+		t.Fatal(err)
+	}
+	halt()
+	if err := <-sendErr; err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("flood source: %+v\nother: %+v\ncells: %+v", groups, other, cells)
