@@ -176,6 +176,9 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 		}
 		pinned = append(pinned, path)
 		if err := os.Chown(path, uid, gid); err != nil {
+			if isPermission(err) {
+				return fmt.Errorf("rrl: give %s to uid %d gid %d: %w (needs CAP_CHOWN): %w", path, uid, gid, ErrNotPermitted, err)
+			}
 			return fmt.Errorf("rrl: %w", err)
 		}
 		mode := pinModes[name]
@@ -206,6 +209,9 @@ func preparePinDir(dir string) (created bool, err error) {
 		return false, err
 	}
 	if err := os.Mkdir(dir, 0o711); err != nil {
+		if isPermission(err) {
+			return false, fmt.Errorf("rrl: create pin directory %s: %w for uid %d: %w", dir, ErrNotPermitted, os.Geteuid(), err)
+		}
 		return false, fmt.Errorf("rrl: %w", err)
 	}
 	// The umask may have taken bits away.
@@ -377,11 +383,21 @@ func OpenPinned(pinDir string) (*Filter, error) {
 	return &Filter{mode: ModeEBPF, cfg: cfg, seed: s.Seed, objs: objs, pin: ps}, nil
 }
 
-// Config returns a copy of the Config the filter runs with: for a pinned filter, the
-// one stored with the pins when this process opened them or last updated them.
+// Config returns a copy of the Config the filter runs with. For a pinned filter it is
+// read from the pins, so it includes changes other processes made (rrlctl set), and
+// this Filter's Stats then reports the limits in force.
 func (f *Filter) Config() *Config {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.pin != nil && f.pin.config != nil {
+		if _, text, err := readConfigMap(f.pin.config); err == nil {
+			if cfg, err := parseConfigText(text); err == nil {
+				// Keep the clock the caller may have given the Config it passed.
+				cfg.nowFunc = f.cfg.nowFunc
+				f.cfg = cfg
+			}
+		}
+	}
 	return f.cfg.clone()
 }
 

@@ -615,6 +615,18 @@ func TestPinnedUpdateShared(t *testing.T) {
 	if a.seed != b.seed || a.seed == 0 {
 		t.Errorf("seeds %x and %x", a.seed, b.seed)
 	}
+	// A later change through a is what b's Config and Stats report.
+	cfg.SetValue("requests-per-second", "900")
+	if err := a.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Config(); !sameConfig(got, cfg) {
+		t.Errorf("after a second Update, b reads %s", configText(got))
+	}
+	st, err := b.Stats()
+	if err != nil || len(st.Nodes) == 0 || st.Nodes[0].Limit != 900 {
+		t.Errorf("b's stats after the Update: %+v, %v; want limits of 900", st, err)
+	}
 	var s filterSettings
 	if err := b.objs.Settings.Lookup(uint32(0), &s); err != nil {
 		t.Fatal(err)

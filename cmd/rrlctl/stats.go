@@ -67,6 +67,7 @@ JSON object per line).`,
 				return nil
 			case <-tick.C:
 			}
+			f.Config() // picks up limits changed meanwhile (rrlctl set)
 			cur, err := f.Stats()
 			if err != nil {
 				return err
