@@ -554,6 +554,12 @@ func openError(path string, err error) error {
 // read, the owner and mode of the path; on kernels before 5.19 it says that opening
 // pins needs privilege there.
 func accessError(path string, err error) error {
+	major, minor, ok := kernelVersion()
+	return accessErrorOn(path, err, major, minor, ok)
+}
+
+// accessErrorOn is accessError on kernel major.minor (known when ok).
+func accessErrorOn(path string, err error, major, minor int, ok bool) error {
 	who := fmt.Sprintf("uid %d gid %d", os.Geteuid(), os.Getegid())
 	what := ""
 	if fi, serr := os.Stat(path); serr == nil {
@@ -561,7 +567,7 @@ func accessError(path string, err error) error {
 			what = fmt.Sprintf(" (owner uid %d gid %d, mode %04o)", st.Uid, st.Gid, fi.Mode().Perm())
 		}
 	}
-	if major, minor, ok := kernelVersion(); ok && (major < 5 || major == 5 && minor < 19) {
+	if ok && (major < 5 || major == 5 && minor < 19) {
 		return fmt.Errorf("rrl: %s%s: %w for %s: Linux %d.%d is older than 5.19, where only privileged processes may open pinned BPF objects: %w",
 			path, what, ErrNotPermitted, who, major, minor, err)
 	}

@@ -741,6 +741,30 @@ func TestParseKernelRelease(t *testing.T) {
 	}
 }
 
+// TestAccessError: a refused open names the path, its owner and mode, and the user,
+// and on kernels before 5.19 says that they need privilege to open pins at all.
+func TestAccessError(t *testing.T) {
+	path := t.TempDir()
+	if err := os.Chmod(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		major, minor int
+		old          bool
+	}{{5, 15, true}, {4, 19, true}, {5, 19, false}, {6, 18, false}}
+	for _, c := range cases {
+		err := accessErrorOn(path, unix.EACCES, c.major, c.minor, true)
+		msg := err.Error()
+		if !errors.Is(err, ErrNotPermitted) || !errors.Is(err, os.ErrPermission) || !strings.Contains(msg, path) ||
+			!strings.Contains(msg, fmt.Sprintf("uid %d", os.Geteuid())) || !strings.Contains(msg, "mode 0700") {
+			t.Errorf("%d.%d: %v", c.major, c.minor, err)
+		}
+		if strings.Contains(msg, "older than 5.19") != c.old {
+			t.Errorf("%d.%d: %v; kernel note expected: %v", c.major, c.minor, err, c.old)
+		}
+	}
+}
+
 // The pin layout must name every production object once.
 func TestPinLayout(t *testing.T) {
 	if len(pinOrder) != len(pinModes) {
