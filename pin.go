@@ -675,7 +675,9 @@ func cmpRate(a, b float64) int {
 // at the active levels of its family, then the port and total levels: the same
 // numbers the filter compares with the limits for src's next packet.
 func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
-	s, cells, now, err := f.readSketches()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, now, err := f.readSettings()
 	if err != nil {
 		return nil, err
 	}
@@ -684,11 +686,17 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
 	if addr.Is4() {
 		first = nodeIPv4First
 	}
+	// Only the group's own cells are read: one per row and level.
+	var lookupErr error
 	estimate := func(node int, hi, lo uint64, port uint16) float64 {
 		h := sketchHash(s.Seed, hi, lo, port, uint8(node))
 		var m Fixed = ^Fixed(0)
 		for row := 0; row < sketchDepth; row++ {
-			c := cells[(node*sketchDepth+row)*sketchWidth+int(sketchIndex(h, row))]
+			var c filterCell
+			idx := uint32((node*sketchDepth+row)*sketchWidth) + sketchIndex(h, row)
+			if err := f.objs.Cells.Lookup(idx, &c); err != nil && lookupErr == nil {
+				lookupErr = fmt.Errorf("rrl: read sketch cell %d: %w", idx, err)
+			}
 			m = min(m, cellRate(Fixed(c.Count), c.Last, now))
 		}
 		return m.Float64()
@@ -716,20 +724,19 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
 		out = append(out, GroupRate{Node: "total", Group: any4,
 			Rate: estimate(nodeTotal, 0, 0, 0), Limit: Fixed(s.Limit[nodeTotal]).Float64()})
 	}
+	if lookupErr != nil {
+		return nil, lookupErr
+	}
 	return out, nil
 }
 
-// readSketches reads the settings and every sketch cell, and the kernel clock the
-// cells' times are on (bpf_ktime_get_ns: CLOCK_MONOTONIC).
+// readSketches reads the settings, every sketch cell and the kernel clock.
 func (f *Filter) readSketches() (*filterSettings, []filterCell, uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.mode != ModeEBPF {
-		return nil, nil, 0, fmt.Errorf("rrl: read sketches: %w", ErrClosed)
-	}
-	var s filterSettings
-	if err := f.objs.Settings.Lookup(uint32(0), &s); err != nil {
-		return nil, nil, 0, fmt.Errorf("rrl: read settings: %w", err)
+	s, now, err := f.readSettings()
+	if err != nil {
+		return nil, nil, 0, err
 	}
 	cells := make([]filterCell, f.objs.Cells.MaxEntries())
 	const chunk = 4096
@@ -750,11 +757,24 @@ func (f *Filter) readSketches() (*filterSettings, []filterCell, uint64, error) {
 			return nil, nil, 0, fmt.Errorf("rrl: read sketches: %w", err)
 		}
 	}
+	return s, cells, now, nil
+}
+
+// readSettings reads the settings map and the kernel clock the cells' times are on
+// (bpf_ktime_get_ns: CLOCK_MONOTONIC). f.mu must be held.
+func (f *Filter) readSettings() (*filterSettings, uint64, error) {
+	if f.mode != ModeEBPF {
+		return nil, 0, fmt.Errorf("rrl: read sketches: %w", ErrClosed)
+	}
+	var s filterSettings
+	if err := f.objs.Settings.Lookup(uint32(0), &s); err != nil {
+		return nil, 0, fmt.Errorf("rrl: read settings: %w", err)
+	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return nil, nil, 0, fmt.Errorf("rrl: clock: %w", err)
+		return nil, 0, fmt.Errorf("rrl: clock: %w", err)
 	}
-	return &s, cells, uint64(ts.Nano()), nil
+	return &s, uint64(ts.Nano()), nil
 }
 
 // Values returns c as keyword and value pairs: SetValue applied to NewConfig() with

@@ -876,3 +876,64 @@ func TestPinnedSketchReadBack(t *testing.T) {
 		t.Errorf("heaviest ipv4/24 cells %+v: want the flood's cell in each row, nothing else", top24)
 	}
 }
+
+// BenchmarkPinned measures what tools pay per call on pinned objects: opening the
+// pins (and closing them), and reading the sketches back.
+func BenchmarkPinned(b *testing.B) {
+	requireBPF(b)
+	mnt, err := os.MkdirTemp("", "rrl-pin-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(mnt)
+	if err := unix.Mount("bpf", mnt, "bpf", 0, ""); err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	dir := filepath.Join(mnt, "rrl")
+	cfg := NewConfig()
+	cfg.SetValue("requests-per-second", "500")
+	if err := LoadPinned(cfg, dir, -1, -1); err != nil {
+		b.Fatal(err)
+	}
+	f, err := OpenPinned(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	src := netip.MustParseAddrPort("192.0.2.1:5353")
+	b.Run("OpenPinned", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			g, err := OpenPinned(dir)
+			if err != nil {
+				b.Fatal(err)
+			}
+			g.Close()
+		}
+	})
+	b.Run("Stats", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := f.Stats(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("GroupRates", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := f.GroupRates(src); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("HeavyCells", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := f.HeavyCells(20); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
