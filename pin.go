@@ -8,8 +8,7 @@ package rrl
 //
 // A pin directory holds:
 //
-//	rrl_filter    the program                          0660  (the kernel opens programs
-//	                                                          read-write only)
+//	rrl_filter    the program                           0440
 //	rrl_settings  live settings (limits, seed, version) 0660
 //	rrl_exempt4   exempt-clients, IPv4                  0660
 //	rrl_exempt6   exempt-clients, IPv6                  0660
@@ -20,8 +19,9 @@ package rrl
 // Every object is owned by the uid and gid given to LoadPinned, so that user (and
 // group) can attach, read statistics and the sketches, and reconfigure the filter
 // with Update; nobody else can open anything. Without a gid (-1) the group bits are
-// cleared: root's group gets nothing. Counters and sketches are read-only
-// even for the owner: only the kernel program writes them. A directory LoadPinned
+// cleared: root's group gets nothing. Attaching needs only read access to the
+// program; counters and sketches are read-only even for the owner, as only the
+// kernel program writes them. A directory LoadPinned
 // creates is mode 0711 and stays owned by its creator: anyone may traverse it, nobody
 // but root may list it or remove pins from it.
 //
@@ -68,7 +68,7 @@ const (
 
 // pinModes are the file modes of the pins (see the top of this file).
 var pinModes = map[string]os.FileMode{
-	pinProgram:  0o660,
+	pinProgram:  0o440,
 	pinSettings: 0o660,
 	pinExempt4:  0o660,
 	pinExempt6:  0o660,
@@ -358,7 +358,13 @@ func OpenPinned(pinDir string) (*Filter, error) {
 		}
 	}
 	path := filepath.Join(pinDir, pinProgram)
-	if objs.Program, err = ebpf.LoadPinnedProgram(path, nil); err != nil {
+	// Attaching needs only read access to the program's pin; kernels that refuse a
+	// read-only program descriptor (EINVAL) get a read-write request instead.
+	objs.Program, err = ebpf.LoadPinnedProgram(path, &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, unix.EINVAL) {
+		objs.Program, err = ebpf.LoadPinnedProgram(path, nil)
+	}
+	if err != nil {
 		return fail(openError(path, err))
 	}
 	if objs.Program.Type() != ebpf.SocketFilter {
