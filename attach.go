@@ -255,7 +255,7 @@ func latticeOf(cfg *Config) (limits [numNodes]Fixed, prefixes [numNodes]uint8) {
 
 // kernelSettings builds the settings map value for cfg.
 func kernelSettings(cfg *Config, seed uint64) *filterSettings {
-	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed}
+	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed)}
 	if cfg.reportOnly {
 		s.ReportOnly = 1
 	}

@@ -113,6 +113,7 @@ func TestKernelFixedPointMatchesGo(t *testing.T) {
 			got, want uint64
 		}{
 			{"mul", out.Mul, uint64(fa.Mul(fb))},
+			{"mul_frac", out.MulFrac, uint64(fa.Mul(fb & 0xffffffff))},
 			{"div", out.Div, uint64(fa.Div(fb))},
 			{"add", out.Add, uint64(fa.Add(fb))},
 			{"sub", out.Sub, uint64(fa.Sub(fb))},
