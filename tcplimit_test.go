@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 func TestTCPClientKey(t *testing.T) {
@@ -335,5 +337,66 @@ func TestTCPLimiterConcurrent(t *testing.T) {
 	}
 	if st.Open != 0 || st.Clients != 0 {
 		t.Errorf("stats %+v after every connection closed, want no open connection and an empty table", st)
+	}
+}
+
+// TestTCPLimiterDNSServer runs a miekg/dns server on the limiter: a client holding
+// its one allowed connection is answered, a second connection from the same address
+// is refused, and the slot comes back when the first closes.
+func TestTCPLimiterDNSServer(t *testing.T) {
+	inner, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := LimitListener(inner, 1)
+	started := make(chan struct{})
+	srv := &dns.Server{
+		Listener: l,
+		Net:      "tcp",
+		Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+			m := new(dns.Msg)
+			m.SetReply(r)
+			w.WriteMsg(m)
+		}),
+		NotifyStartedFunc: func() { close(started) },
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.ActivateAndServe() }()
+	<-started
+	defer func() {
+		srv.Shutdown()
+		<-served
+	}()
+
+	client := &dns.Client{Net: "tcp", Timeout: 5 * time.Second}
+	q := new(dns.Msg)
+	q.SetQuestion("www.example.test.", dns.TypeA)
+	held, err := client.Dial(l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := client.ExchangeWithConn(q, held); err != nil {
+		t.Fatalf("first connection: %v", err)
+	}
+	if _, _, err := client.Exchange(q, l.Addr().String()); err == nil {
+		t.Fatal("second connection from the same address was answered")
+	}
+	if _, _, err := client.ExchangeWithConn(q, held); err != nil {
+		t.Fatalf("first connection after the refusal: %v", err)
+	}
+	held.Close()
+	// The server notices the close and releases the slot.
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Stats().Open != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("slot not released: %+v", l.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, _, err := client.Exchange(q, l.Addr().String()); err != nil {
+		t.Fatalf("after the first connection closed: %v", err)
+	}
+	if st := l.Stats(); st.Accepted != 2 || st.Refused != 1 {
+		t.Errorf("stats %+v, want 2 accepted and 1 refused", st)
 	}
 }

@@ -351,6 +351,7 @@ func BenchmarkResponseTupleFromMsg(b *testing.B) {
 		{"referral", testResponse(b, "h.sub.example.test.", dns.TypeA, 0, false, nil, []string{deleg2, dsRR}), ""},
 		{"nxdomain", testResponse(b, "nope.example.test.", dns.TypeA, 3, true, nil, []string{soaRR}), ""},
 		{"wildcard", testResponse(b, "x.wild.example.test.", dns.TypeA, 0, true, []string{"x.wild.example.test. 300 IN A 192.0.2.1"}, nil), "wild.example.test."},
+		{"wildcard-owner", testResponse(b, "x.wild.example.test.", dns.TypeA, 0, true, []string{"x.wild.example.test. 300 IN A 192.0.2.1"}, nil), "*.wild.example.test."},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
