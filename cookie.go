@@ -104,8 +104,9 @@ type cookieKeys struct {
 // secret are reported as CookieValidReissue so the client gets one made with the
 // current secret.
 //
-// The methods are safe for concurrent use; Generate and Verify do not lock and do
-// not allocate (AppendCookie into a buffer with room).
+// Make one with NewCookies (the zero value has no secret and panics). The methods
+// are safe for concurrent use; Verify and AppendCookie do not lock and do not
+// allocate.
 type Cookies struct {
 	keys atomic.Pointer[cookieKeys]
 }

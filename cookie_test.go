@@ -493,3 +493,37 @@ func BenchmarkCookies(b *testing.B) {
 		}
 	})
 }
+
+// FuzzCookieFromMsg feeds arbitrary bytes through dns.Msg.Unpack into CookieFromMsg
+// and Verify, and checks the verdict against the option's length.
+func FuzzCookieFromMsg(f *testing.F) {
+	c := NewCookies(mustSecret(f, rfcSecret))
+	client := netip.MustParseAddr("198.51.100.100")
+	now := time.Unix(1559731985, 0)
+	for _, content := range []string{"", "2464c4abcf10c957", "2464c4abcf10c957010000005cf79f111f8130c3eee29480", "00"} {
+		q := new(dns.Msg)
+		q.SetQuestion("example.com.", dns.TypeA)
+		SetCookie(q, mustHex(f, content))
+		if wire, err := q.Pack(); err == nil {
+			f.Add(wire)
+		}
+	}
+	f.Fuzz(func(t *testing.T, wire []byte) {
+		var m dns.Msg
+		if err := m.Unpack(wire); err != nil {
+			return
+		}
+		cookie, ok := CookieFromMsg(&m)
+		if ok != (cookie != nil) {
+			t.Fatalf("CookieFromMsg = %x, %v", cookie, ok)
+		}
+		got := c.Verify(cookie, client, now)
+		n := len(cookie)
+		switch {
+		case !ok && got != CookieNone:
+			t.Fatalf("no cookie: %v", got)
+		case ok && (got == CookieMalformed) != (n != 8 && (n < 16 || n > 40)):
+			t.Fatalf("length %d: %v", n, got)
+		}
+	})
+}

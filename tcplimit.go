@@ -24,8 +24,11 @@ const DefaultTCPConnsPerClient = 16
 // is called). The table has an entry only per client with an open connection, so
 // it never holds more entries than there are open connections.
 //
-// Connections whose remote address is not a TCP address pass unlimited (and are
-// counted as accepted). TCPLimiter is safe for concurrent use.
+// The connections Accept returns are wrappers; their NetConn method returns the
+// wrapped listener's connection (a *net.TCPConn) for its own methods. Connections
+// whose remote address is not a TCP address pass unlimited and unwrapped (and are
+// counted as accepted). Stats returns the counters. TCPLimiter is safe for
+// concurrent use.
 type TCPLimiter struct {
 	net.Listener
 	limit int32
