@@ -81,6 +81,9 @@ const (
 	// within classic BPF's 8-bit offsets.
 	maxReflectionPorts = 64
 
+	// maxClassicInsns is the kernel's limit on a classic program (BPF_MAXINSNS).
+	maxClassicInsns = 4096
+
 	// portLeafSize is the longest run of ports compared one by one; longer lists are
 	// split by a binary search on the port.
 	portLeafSize = 8
@@ -230,17 +233,26 @@ func attachClassic(conn syscall.Conn, cfg *Config) error {
 	if err != nil {
 		return err
 	}
+	return attachRawFilter(conn, prog, "attach classic filter")
+}
+
+// attachRawFilter attaches the classic program prog to conn, a UDP socket, with
+// SO_ATTACH_FILTER; op names the operation in errors.
+func attachRawFilter(conn syscall.Conn, prog []bpf.RawInstruction, op string) error {
+	if len(prog) == 0 || len(prog) > maxClassicInsns {
+		return fmt.Errorf("%s: program of %d instructions", op, len(prog))
+	}
+	filter := make([]unix.SockFilter, len(prog))
+	for i, ins := range prog {
+		filter[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
+	}
+	fprog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
 	return control(conn, func(fd int) error {
 		if err := checkUDPSocket(fd); err != nil {
-			return fmt.Errorf("attach classic filter: %w", err)
+			return fmt.Errorf("%s: %w", op, err)
 		}
-		filter := make([]unix.SockFilter, len(prog))
-		for i, ins := range prog {
-			filter[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
-		}
-		fprog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
 		err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fprog)
-		return sockoptError("attach classic filter", err)
+		return sockoptError(op, err)
 	})
 }
 
