@@ -58,16 +58,14 @@ import (
 // ones the eBPF filter would count. With the eBPF filter attached the Go Limiter is
 // not needed for requests.
 
-// Layout of a datagram as a UDP socket filter sees it.
+// Layout of a datagram as a UDP socket filter sees it: an 8-byte UDP header, then DNS.
 const (
-	udpHeaderLen  = 8
-	dnsHeaderLen  = 12
-	minQuestion   = 5 // root name, type, class
-	minQueryLen   = dnsHeaderLen + minQuestion
-	minFilterLen  = udpHeaderLen + minQueryLen // 25: shorter packets are dropped
-	offSourcePort = 0
-	offDNSFlags   = udpHeaderLen + 2 // first flags byte: QR, opcode, AA, TC, RD
-	flagQR        = 0x80
+	// classicMinLen is the shortest datagram passed: the UDP header, the 12-byte DNS
+	// header and the shortest question (root name, type, class: 5 bytes).
+	classicMinLen   = 8 + 12 + 5
+	classicOffSport = 0     // UDP source port
+	classicOffFlags = 8 + 2 // first DNS flags byte: QR, opcode, AA, TC, RD
+	classicFlagQR   = 0x80
 
 	// skfNetOff is SKF_NET_OFF: a classic-BPF load at skfNetOff+n reads byte n of
 	// the network (IP) header, wherever the packet data starts.
@@ -84,9 +82,9 @@ const (
 	// maxClassicInsns is the kernel's limit on a classic program (BPF_MAXINSNS).
 	maxClassicInsns = 4096
 
-	// portLeafSize is the longest run of ports compared one by one; longer lists are
+	// classicLeafSize is the longest run of ports compared one by one; longer lists are
 	// split by a binary search on the port.
-	portLeafSize = 8
+	classicLeafSize = 8
 )
 
 // classicProgram assembles the prefilter for cfg's reflection ports (the defaults
@@ -116,79 +114,79 @@ func classicInstructions(cfg *Config) ([]bpf.Instruction, error) {
 			Reason: fmt.Sprintf("%d ports, at most %d are allowed", len(ports), maxReflectionPorts)}
 	}
 
-	a := newAsm()
-	a.emit(bpf.LoadExtension{Num: bpf.ExtLen}, noLabel, noLabel)
-	a.emit(bpf.JumpIf{Cond: bpf.JumpLessThan, Val: minFilterLen}, labelDrop, nextInsn)
-	a.emit(bpf.LoadAbsolute{Off: offDNSFlags, Size: 1}, noLabel, noLabel)
-	a.emit(bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: flagQR}, labelDrop, nextInsn)
+	a := newClassicAsm()
+	a.emit(bpf.LoadExtension{Num: bpf.ExtLen}, classicNoJump, classicNoJump)
+	a.emit(bpf.JumpIf{Cond: bpf.JumpLessThan, Val: classicMinLen}, classicLabelDrop, classicNext)
+	a.emit(bpf.LoadAbsolute{Off: classicOffFlags, Size: 1}, classicNoJump, classicNoJump)
+	a.emit(bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: classicFlagQR}, classicLabelDrop, classicNext)
 	if len(ports) > 0 {
-		a.emit(bpf.LoadAbsolute{Off: offSourcePort, Size: 2}, noLabel, noLabel)
+		a.emit(bpf.LoadAbsolute{Off: classicOffSport, Size: 2}, classicNoJump, classicNoJump)
 		a.portSearch(ports)
 	}
-	a.label(labelPass)
-	a.emit(bpf.RetConstant{Val: classicPass}, noLabel, noLabel)
-	a.label(labelDrop)
-	a.emit(bpf.RetConstant{Val: 0}, noLabel, noLabel)
+	a.label(classicLabelPass)
+	a.emit(bpf.RetConstant{Val: classicPass}, classicNoJump, classicNoJump)
+	a.label(classicLabelDrop)
+	a.emit(bpf.RetConstant{Val: 0}, classicNoJump, classicNoJump)
 	return a.resolve()
 }
 
-// portSearch emits code that jumps to labelDrop when the port in A is in ports
-// (sorted, unique, not empty) and to labelPass otherwise.
-func (a *asm) portSearch(ports []uint16) {
-	if len(ports) <= portLeafSize {
+// portSearch emits code that jumps to classicLabelDrop when the port in A is in ports
+// (sorted, unique, not empty) and to classicLabelPass otherwise.
+func (a *classicAsm) portSearch(ports []uint16) {
+	if len(ports) <= classicLeafSize {
 		for i, p := range ports {
-			miss := nextInsn
+			miss := classicNext
 			if i == len(ports)-1 {
-				miss = labelPass
+				miss = classicLabelPass
 			}
-			a.emit(bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(p)}, labelDrop, miss)
+			a.emit(bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(p)}, classicLabelDrop, miss)
 		}
 		return
 	}
 	mid := len(ports) / 2
 	upper := a.newLabel()
-	a.emit(bpf.JumpIf{Cond: bpf.JumpGreaterThan, Val: uint32(ports[mid-1])}, upper, nextInsn)
+	a.emit(bpf.JumpIf{Cond: bpf.JumpGreaterThan, Val: uint32(ports[mid-1])}, upper, classicNext)
 	a.portSearch(ports[:mid])
 	a.label(upper)
 	a.portSearch(ports[mid:])
 }
 
-// asm is a small assembler for conditional jumps to labels, resolved into classic
+// classicAsm is a small assembler for conditional jumps to labels, resolved into classic
 // BPF's forward skip counts once every label is placed.
-type asm struct {
+type classicAsm struct {
 	insns  []bpf.Instruction
 	jumps  [][2]int // per instruction: true and false targets (labels)
 	labels []int    // label -> instruction index, -1 until placed
 }
 
 const (
-	noLabel   = -1
-	nextInsn  = -2
-	labelPass = 0
-	labelDrop = 1
+	classicNoJump    = -1
+	classicNext      = -2
+	classicLabelPass = 0
+	classicLabelDrop = 1
 )
 
-func newAsm() *asm {
-	return &asm{labels: []int{labelPass: -1, labelDrop: -1}}
+func newClassicAsm() *classicAsm {
+	return &classicAsm{labels: []int{classicLabelPass: -1, classicLabelDrop: -1}}
 }
 
-func (a *asm) newLabel() int {
+func (a *classicAsm) newLabel() int {
 	a.labels = append(a.labels, -1)
 	return len(a.labels) - 1
 }
 
-func (a *asm) label(l int) { a.labels[l] = len(a.insns) }
+func (a *classicAsm) label(l int) { a.labels[l] = len(a.insns) }
 
-func (a *asm) emit(ins bpf.Instruction, ifTrue, ifFalse int) {
+func (a *classicAsm) emit(ins bpf.Instruction, ifTrue, ifFalse int) {
 	a.insns = append(a.insns, ins)
 	a.jumps = append(a.jumps, [2]int{ifTrue, ifFalse})
 }
 
 // resolve turns label targets into skip counts.
-func (a *asm) resolve() ([]bpf.Instruction, error) {
+func (a *classicAsm) resolve() ([]bpf.Instruction, error) {
 	skip := func(from, target int) (uint8, error) {
 		to := from + 1
-		if target != nextInsn {
+		if target != classicNext {
 			if target >= len(a.labels) || a.labels[target] < 0 {
 				return 0, fmt.Errorf("classic filter: label %d not placed", target)
 			}

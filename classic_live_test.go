@@ -183,7 +183,7 @@ func receiveAll(t *testing.T, server *net.UDPConn, total int, dropsBefore uint32
 		} else if !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatal(err)
 		}
-		dropped = int(drops(t, server) - dropsBefore)
+		dropped = int(socketDropCount(t, server) - dropsBefore)
 		if received+dropped >= total {
 			break
 		}
@@ -191,7 +191,7 @@ func receiveAll(t *testing.T, server *net.UDPConn, total int, dropsBefore uint32
 	return got, dropped
 }
 
-func drops(t *testing.T, conn *net.UDPConn) uint32 {
+func socketDropCount(t *testing.T, conn *net.UDPConn) uint32 {
 	t.Helper()
 	var n uint32
 	err := control(conn, func(fd int) (err error) {
@@ -209,7 +209,7 @@ func drops(t *testing.T, conn *net.UDPConn) uint32 {
 func checkDelivery(t *testing.T, s liveSocket, server *net.UDPConn, cases []liveCase, passAll bool) {
 	t.Helper()
 	addr := netip.AddrPortFrom(s.target, server.LocalAddr().(*net.UDPAddr).AddrPort().Port())
-	before := drops(t, server)
+	before := socketDropCount(t, server)
 	sent := sendCases(t, s, addr, cases)
 	got, dropped := receiveAll(t, server, len(sent), before)
 	wantDropped := 0
@@ -273,7 +273,7 @@ func liveConfigs(t *testing.T) []struct {
 		cases []liveCase
 	}{
 		{"default", NewConfig(), cases},
-		{"reflection-ports 11211 20202", configWith(t, "reflection-ports", "11211 20202"), custom},
+		{"reflection-ports 11211 20202", newConfigWith(t, "reflection-ports", "11211 20202"), custom},
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -15,10 +16,10 @@ import (
 
 // udpDatagram returns a UDP header (checksum 0) followed by payload.
 func udpDatagram(sport, dport uint16, payload []byte) []byte {
-	b := make([]byte, udpHeaderLen, udpHeaderLen+len(payload))
+	b := make([]byte, 8, 8+len(payload))
 	binary.BigEndian.PutUint16(b[0:], sport)
 	binary.BigEndian.PutUint16(b[2:], dport)
-	binary.BigEndian.PutUint16(b[4:], uint16(udpHeaderLen+len(payload)))
+	binary.BigEndian.PutUint16(b[4:], uint16(8+len(payload)))
 	return append(b, payload...)
 }
 
@@ -86,9 +87,9 @@ func classicVM(t testing.TB, cfg *Config) *bpf.VM {
 	return vm
 }
 
-// runVM returns whether vm passes pkt, failing t on an error or a verdict other than
+// runClassicVM returns whether vm passes pkt, failing t on an error or a verdict other than
 // drop (0) or pass whole.
-func runVM(t testing.TB, vm *bpf.VM, pkt []byte) bool {
+func runClassicVM(t testing.TB, vm *bpf.VM, pkt []byte) bool {
 	t.Helper()
 	n, err := vm.Run(pkt)
 	if err != nil {
@@ -100,7 +101,7 @@ func runVM(t testing.TB, vm *bpf.VM, pkt []byte) bool {
 	return n == classicPass
 }
 
-func configWith(t testing.TB, kv ...string) *Config {
+func newConfigWith(t testing.TB, kv ...string) *Config {
 	t.Helper()
 	cfg := NewConfig()
 	for i := 0; i < len(kv); i += 2 {
@@ -142,26 +143,26 @@ func TestClassicProgramVM(t *testing.T) {
 		{"source port 11212", nil, udpDatagram(11212, dport, query), true},
 		// The port's two bytes are compared whole: 11211 is 0x2bcb.
 		{"source port 0xcb2b (11211 swapped)", nil, udpDatagram(0xcb2b, dport, query), true},
-		{"custom list: listed port", configWith(t, "reflection-ports", "11211 20202"),
+		{"custom list: listed port", newConfigWith(t, "reflection-ports", "11211 20202"),
 			udpDatagram(20202, dport, query), false},
-		{"custom list: other listed port", configWith(t, "reflection-ports", "11211 20202"),
+		{"custom list: other listed port", newConfigWith(t, "reflection-ports", "11211 20202"),
 			udpDatagram(11211, dport, query), false},
-		{"custom list: default port not listed", configWith(t, "reflection-ports", "11211 20202"),
+		{"custom list: default port not listed", newConfigWith(t, "reflection-ports", "11211 20202"),
 			udpDatagram(123, dport, query), true},
-		{"custom list: ephemeral", configWith(t, "reflection-ports", "11211 20202"),
+		{"custom list: ephemeral", newConfigWith(t, "reflection-ports", "11211 20202"),
 			udpDatagram(40000, dport, query), true},
-		{"custom list: QR still dropped", configWith(t, "reflection-ports", "11211 20202"),
+		{"custom list: QR still dropped", newConfigWith(t, "reflection-ports", "11211 20202"),
 			udpDatagram(40000, dport, minimalResponse(1)), false},
-		{"empty list: port 0 passes", configWith(t, "reflection-ports", ""),
+		{"empty list: port 0 passes", newConfigWith(t, "reflection-ports", ""),
 			udpDatagram(0, dport, query), true},
-		{"empty list: short still dropped", configWith(t, "reflection-ports", ""),
+		{"empty list: short still dropped", newConfigWith(t, "reflection-ports", ""),
 			udpDatagram(40000, dport, query[:16]), false},
 		{"nil Config: defaults", nil, udpDatagram(123, dport, query), false},
 	}
 	for _, p := range DefaultReflectionPorts {
-		tests = append(tests, tc{"default reflection port " + itoa(int(p)), nil,
+		tests = append(tests, tc{"default reflection port " + strconv.Itoa(int(p)), nil,
 			udpDatagram(p, dport, query), false})
-		tests = append(tests, tc{"default reflection port " + itoa(int(p)) + ", EDNS", nil,
+		tests = append(tests, tc{"default reflection port " + strconv.Itoa(int(p)) + ", EDNS", nil,
 			udpDatagram(p, dport, ednsQuery(t, 9)), false})
 	}
 	for _, tt := range tests {
@@ -170,7 +171,7 @@ func TestClassicProgramVM(t *testing.T) {
 			if cfg == nil && tt.name != "nil Config: defaults" {
 				cfg = NewConfig()
 			}
-			if got := runVM(t, classicVM(t, cfg), tt.pkt); got != tt.pass {
+			if got := runClassicVM(t, classicVM(t, cfg), tt.pkt); got != tt.pass {
 				t.Errorf("pass = %v, want %v for % x", got, tt.pass, tt.pkt)
 			}
 			ports := DefaultReflectionPorts
@@ -183,8 +184,6 @@ func TestClassicProgramVM(t *testing.T) {
 		})
 	}
 }
-
-func itoa(n int) string { return formatPorts([]uint16{uint16(n)}) }
 
 // Every source port against lists of every shape the port search takes: empty, one
 // linear run, the largest linear run, the smallest split, and the longest list.
@@ -209,8 +208,8 @@ func TestClassicProgramAllPorts(t *testing.T) {
 		"empty":      nil,
 		"only 0":     {0},
 		"only 65535": {65535},
-		"8 ports":    randomPorts(portLeafSize),
-		"9 ports":    randomPorts(portLeafSize+1, 0),
+		"8 ports":    randomPorts(classicLeafSize),
+		"9 ports":    randomPorts(classicLeafSize+1, 0),
 		"17 ports":   randomPorts(17, 65535),
 		"64 ports":   randomPorts(maxReflectionPorts, 0, 1, 65534, 65535),
 		"64 adjacent": func() []uint16 {
@@ -232,7 +231,7 @@ func TestClassicProgramAllPorts(t *testing.T) {
 			for sport := range 65536 {
 				binary.BigEndian.PutUint16(pkt, uint16(sport))
 				want := !slices.Contains(ports, uint16(sport))
-				if got := runVM(t, vm, pkt); got != want {
+				if got := runClassicVM(t, vm, pkt); got != want {
 					t.Fatalf("source port %d: pass = %v, want %v", sport, got, want)
 				}
 			}
@@ -301,7 +300,7 @@ func FuzzClassicProgram(f *testing.F) {
 			}
 			return
 		}
-		if got, want := runVM(t, classicVM(t, cfg), pkt), classicVerdict(pkt, ports); got != want {
+		if got, want := runClassicVM(t, classicVM(t, cfg), pkt), classicVerdict(pkt, ports); got != want {
 			t.Fatalf("ports %v, packet % x: pass = %v, model says %v", ports, pkt, got, want)
 		}
 	})

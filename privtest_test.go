@@ -21,8 +21,8 @@ import (
 // unprivilegedEnv marks a test binary started by runUnprivileged.
 const unprivilegedEnv = "RRL_TEST_UNPRIVILEGED_CHILD"
 
-// nobody is the uid and gid runUnprivileged runs its child as.
-const nobody = 65534
+// unprivilegedID is the uid and gid runUnprivileged runs its child as.
+const unprivilegedID = 65534
 
 // capNames names the capabilities tests ask for, for skip messages.
 var capNames = map[int]string{
@@ -113,7 +113,7 @@ func runUnprivileged(t *testing.T, testName string) {
 	if err != nil {
 		t.Fatalf("unprivileged %s: %v\n%s", testName, err, out)
 	}
-	t.Logf("unprivileged %s (uid %d):\n%s", testName, nobody, out)
+	t.Logf("unprivileged %s (uid %d):\n%s", testName, unprivilegedID, out)
 }
 
 // unprivilegedRun is runUnprivileged returning the child's combined output and an
@@ -124,14 +124,14 @@ func unprivilegedRun(t *testing.T, testName string, env ...string) ([]byte, erro
 	if err != nil {
 		exe = os.Args[0]
 	}
-	exe = executableBy(t, exe, nobody)
+	exe = executableBy(t, exe, unprivilegedID)
 
 	cmd := exec.Command(exe, "-test.run=^"+testName+"$", "-test.v", "-test.count=1",
 		"-test.timeout=60s")
 	cmd.Env = append(append(os.Environ(), unprivilegedEnv+"=1"), env...)
-	cmd.Dir = filepath.Dir(exe) // the package directory may be closed to nobody
+	cmd.Dir = filepath.Dir(exe) // the package directory may be closed to unprivilegedID
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{}},
+		Credential: &syscall.Credential{Uid: unprivilegedID, Gid: unprivilegedID, Groups: []uint32{}},
 		Pdeathsig:  syscall.SIGKILL,
 	}
 	cmd.WaitDelay = 5 * time.Second
@@ -186,7 +186,7 @@ func executableBy(t *testing.T, path string, uid int) string {
 }
 
 // reachableBy reports whether uid, which is neither the owner nor in the group of
-// any component (true of nobody), may search every directory on path and execute it.
+// any component (true of unprivilegedID), may search every directory on path and execute it.
 func reachableBy(path string, uid int) bool {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -218,11 +218,11 @@ func reachableBy(path string, uid int) bool {
 func TestRunUnprivileged(t *testing.T) {
 	if isUnprivilegedChild() {
 		checkUnprivileged(t)
-		if os.Getegid() != nobody {
-			t.Fatalf("egid %d, want %d", os.Getegid(), nobody)
+		if os.Getegid() != unprivilegedID {
+			t.Fatalf("egid %d, want %d", os.Getegid(), unprivilegedID)
 		}
 		groups, err := os.Getgroups()
-		if err != nil || len(groups) > 1 || (len(groups) == 1 && groups[0] != nobody) {
+		if err != nil || len(groups) > 1 || (len(groups) == 1 && groups[0] != unprivilegedID) {
 			t.Fatalf("supplementary groups %v (%v), want none", groups, err)
 		}
 		return
