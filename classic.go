@@ -44,10 +44,14 @@ import (
 //     amplification attack aimed at us. Port 53 is never on the default list: a
 //     resolver may query from it, and reflected DNS responses already carry QR.
 //
-// Everything else passes whole. The checks read three fields at fixed offsets after
-// a length check, so there is nothing to parse and no state: they cannot be wrong for
-// one packet and right for another with the same bytes. They apply to exempt clients
-// too, since exemption is from rate limits and these packets are not queries.
+// Everything else passes whole. In particular the filter never drops a datagram of
+// 17 or more DNS bytes with QR clear from a port not on the list: the minimal query
+// without EDNS from an ephemeral port or from port 53 passes over IPv4, IPv6 and a
+// dual-stack socket, whatever IP options or extension headers came before the UDP
+// header (the IP header is never read). The checks read three fields at fixed
+// offsets after a length check, so there is nothing to parse and no state: the
+// verdict depends on those bytes alone. They apply to exempt clients too, since
+// exemption is from rate limits and these packets are not queries.
 //
 // Combining with the Go Limiter. The prefilter does no rate limiting. A server that
 // cannot load the eBPF filter (Attach then returns an ErrNotPermitted error and
@@ -55,8 +59,9 @@ import (
 // every packet it reads and discards the packet when Allow refuses. The two compose
 // without double counting: the prefilter removes what is not a query before the
 // server pays for reading it, so the Limiter counts only plausible queries, the same
-// ones the eBPF filter would count. With the eBPF filter attached the Go Limiter is
-// not needed for requests.
+// ones the eBPF filter would count. A socket has one filter: attaching the eBPF
+// program replaces the classic one, which it makes redundant by running the same
+// checks first; with it attached the Go Limiter is not needed for requests.
 
 // Layout of a datagram as a UDP socket filter sees it: an 8-byte UDP header, then DNS.
 const (
@@ -225,7 +230,8 @@ func formatPorts(ports []uint16) string {
 }
 
 // attachClassic attaches the prefilter for cfg to conn, a UDP socket, replacing any
-// socket filter it had (classic or eBPF). No privilege is needed.
+// socket filter it had (classic or eBPF). No privilege is needed. Datagrams queued
+// before the call are not filtered: attach before the server starts reading.
 func attachClassic(conn syscall.Conn, cfg *Config) error {
 	prog, err := classicProgram(cfg)
 	if err != nil {

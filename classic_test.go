@@ -157,7 +157,6 @@ func TestClassicProgramVM(t *testing.T) {
 			udpDatagram(0, dport, query), true},
 		{"empty list: short still dropped", newConfigWith(t, "reflection-ports", ""),
 			udpDatagram(40000, dport, query[:16]), false},
-		{"nil Config: defaults", nil, udpDatagram(123, dport, query), false},
 	}
 	for _, p := range DefaultReflectionPorts {
 		tests = append(tests, tc{"default reflection port " + strconv.Itoa(int(p)), nil,
@@ -168,17 +167,13 @@ func TestClassicProgramVM(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := tt.cfg
-			if cfg == nil && tt.name != "nil Config: defaults" {
+			if cfg == nil {
 				cfg = NewConfig()
 			}
 			if got := runClassicVM(t, classicVM(t, cfg), tt.pkt); got != tt.pass {
 				t.Errorf("pass = %v, want %v for % x", got, tt.pass, tt.pkt)
 			}
-			ports := DefaultReflectionPorts
-			if cfg != nil {
-				ports = cfg.reflectionPorts
-			}
-			if model := classicVerdict(tt.pkt, ports); model != tt.pass {
+			if model := classicVerdict(tt.pkt, cfg.reflectionPorts); model != tt.pass {
 				t.Errorf("reference model says %v, want %v", model, tt.pass)
 			}
 		})
@@ -236,6 +231,21 @@ func TestClassicProgramAllPorts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A nil Config means the defaults.
+func TestClassicProgramNilConfig(t *testing.T) {
+	fromNil, err := classicProgram(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromDefault, err := classicProgram(NewConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(fromNil, fromDefault) {
+		t.Errorf("classicProgram(nil) = %v, want the default program %v", fromNil, fromDefault)
 	}
 }
 
