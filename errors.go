@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -55,7 +56,7 @@ func (e *sysError) Error() string {
 		msg += e.sentinel.Error()
 	}
 	if e.hint != "" {
-		msg += " (" + e.hint + ")"
+		msg += ": " + e.hint
 	}
 	return msg
 }
@@ -67,8 +68,8 @@ func (e *sysError) Unwrap() []error {
 	return []error{e.sentinel, e.err}
 }
 
-const permissionHint = "loading an eBPF socket filter needs CAP_BPF " +
-	"(CAP_SYS_ADMIN before Linux 5.8; some kernels also want CAP_NET_ADMIN): " +
+const permissionHint = "loading the eBPF socket filter needs CAP_BPF " +
+	"(CAP_SYS_ADMIN before Linux 5.8; some kernels also want CAP_NET_ADMIN); " +
 	"grant it with 'setcap cap_bpf+ep BINARY', attach before dropping privileges " +
 	"(the attached filter keeps working), or attach objects a privileged step pinned in bpffs"
 
@@ -90,7 +91,7 @@ func optmemError(err error) error {
 	return &sysError{op: "attach filter", sentinel: ErrOptMem, err: err, hint: optmemHint}
 }
 
-const optmemHint = "the socket's option memory is full: raise the sysctl net.core.optmem_max"
+const optmemHint = "the socket's option memory is full; raise the sysctl net.core.optmem_max"
 
 // sockoptError classifies the error of a setsockopt that attaches or detaches a
 // socket filter (SO_ATTACH_FILTER, SO_ATTACH_BPF, SO_DETACH_FILTER), which attaching
@@ -108,6 +109,29 @@ func sockoptError(op string, err error) error {
 			hint: "the socket's filter is locked (SO_LOCK_FILTER)"}
 	case errors.Is(err, unix.ENOPROTOOPT), errors.Is(err, unix.EOPNOTSUPP),
 		errors.Is(err, enotsupp):
+		return notSupportedError(op, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// loadError classifies an error from loading the eBPF program or creating its maps
+// with cilium/ebpf, or from opening pinned objects. A verifier rejection is returned
+// as it is, wrapped with op: the verifier answers EACCES for a program it deems
+// unsafe, which is a bug to report and not a missing privilege. Otherwise EPERM and
+// EACCES are ErrNotPermitted (with the hint how to grant it); ebpf.ErrNotSupported,
+// ENOTSUPP, EOPNOTSUPP and ENOSYS are ErrNotSupported; other errors are wrapped with
+// op only.
+func loadError(op string, err error) error {
+	var verr *ebpf.VerifierError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &verr):
+		return fmt.Errorf("%s: %w", op, err)
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		return permissionError(op, err)
+	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, enotsupp),
+		errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ENOSYS):
 		return notSupportedError(op, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)

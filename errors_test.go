@@ -3,10 +3,13 @@ package rrl
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 )
 
@@ -78,9 +81,97 @@ func TestSysErrorWithoutCause(t *testing.T) {
 	if !errors.Is(err, ErrNotPermitted) {
 		t.Fatalf("errors.Is(%q, ErrNotPermitted) = false", err)
 	}
-	if !strings.HasPrefix(err.Error(), "load eBPF program: operation not permitted (") {
+	if !strings.HasPrefix(err.Error(), "load eBPF program: operation not permitted: loading the eBPF socket filter needs CAP_BPF") {
 		t.Errorf("message = %q", err)
 	}
+}
+
+func TestLoadError(t *testing.T) {
+	verifier := &ebpf.VerifierError{Cause: unix.EACCES, Log: []string{"R2 !read_ok"}}
+	tests := []struct {
+		name     string
+		err      error
+		sentinel error
+	}{
+		{"EPERM", fmt.Errorf("load program: %w", unix.EPERM), ErrNotPermitted},
+		{"EACCES on a pinned object", fmt.Errorf("open pin: %w", unix.EACCES), ErrNotPermitted},
+		{"verifier rejection", fmt.Errorf("load program: %w", verifier), nil},
+		{"cilium not supported", fmt.Errorf("map type: %w", ebpf.ErrNotSupported), ErrNotSupported},
+		{"ENOTSUPP", enotsupp, ErrNotSupported},
+		{"ENOSYS", unix.ENOSYS, ErrNotSupported},
+		{"EINVAL", unix.EINVAL, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := loadError("load eBPF filter", tt.err)
+			if !errors.Is(err, tt.err) || !strings.HasPrefix(err.Error(), "load eBPF filter: ") {
+				t.Errorf("loadError = %q, want it to wrap %q", err, tt.err)
+			}
+			for _, s := range []error{ErrNotPermitted, ErrNotSupported, ErrOptMem, ErrClosed} {
+				if got, want := errors.Is(err, s), s == tt.sentinel; got != want {
+					t.Errorf("errors.Is(%q, %q) = %v, want %v", err, s, got, want)
+				}
+			}
+		})
+	}
+	if loadError("x", nil) != nil {
+		t.Error("loadError(nil) != nil")
+	}
+}
+
+// loadSocketFilter loads a socket filter program of the given instructions.
+func loadSocketFilter(insns asm.Instructions) error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.SocketFilter, Instructions: insns, License: "MIT",
+	})
+	if err == nil {
+		prog.Close()
+	}
+	return loadError("load eBPF program", err)
+}
+
+// What the kernel answers, classified: a verifier rejection is not a permission
+// error even though the kernel's errno is EACCES.
+func TestLoadErrorFromKernel(t *testing.T) {
+	requirePrivilege(t)
+	if err := loadSocketFilter(asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}); err != nil {
+		t.Fatalf("load a trivial program: %v", err)
+	}
+	// R2 is never written: the verifier refuses to read it.
+	err := loadSocketFilter(asm.Instructions{asm.Mov.Reg(asm.R0, asm.R2), asm.Return()})
+	var verr *ebpf.VerifierError
+	if !errors.As(err, &verr) || errors.Is(err, ErrNotPermitted) {
+		t.Errorf("verifier rejection classified as %q", err)
+	}
+}
+
+// The same load as an unprivileged process is refused with ErrNotPermitted where
+// the kernel forbids unprivileged eBPF.
+func TestLoadErrorUnprivileged(t *testing.T) {
+	if !isUnprivilegedChild() {
+		runUnprivileged(t, "TestLoadErrorUnprivileged")
+		return
+	}
+	checkUnprivileged(t)
+	b, err := os.ReadFile("/proc/sys/kernel/unprivileged_bpf_disabled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = loadSocketFilter(asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()})
+	if strings.TrimSpace(string(b)) == "0" {
+		// Unprivileged socket filters are allowed here: the load must succeed.
+		if err != nil {
+			t.Fatalf("unprivileged load with unprivileged_bpf_disabled=0: %v", err)
+		}
+		return
+	}
+	if !errors.Is(err, ErrNotPermitted) || !errors.Is(err, unix.EPERM) {
+		t.Fatalf("unprivileged load: %v, want ErrNotPermitted and EPERM", err)
+	}
+	if !strings.Contains(err.Error(), "setcap cap_bpf+ep") {
+		t.Errorf("message %q does not say how to grant the privilege", err)
+	}
+	t.Logf("unprivileged load: %v", err)
 }
 
 func ExampleErrNotPermitted() {
