@@ -128,7 +128,9 @@ func unprivilegedRun(t *testing.T, testName string, env ...string) ([]byte, erro
 
 	cmd := exec.Command(exe, "-test.run=^"+testName+"$", "-test.v", "-test.count=1",
 		"-test.timeout=60s")
-	cmd.Env = append(append(os.Environ(), unprivilegedEnv+"=1"), env...)
+	// A race-enabled binary sleeps a second at exit unless told not to.
+	race := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
+	cmd.Env = append(append(os.Environ(), unprivilegedEnv+"=1", "GORACE="+race), env...)
 	cmd.Dir = filepath.Dir(exe) // the package directory may be closed to unprivilegedID
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Credential: &syscall.Credential{Uid: unprivilegedID, Gid: unprivilegedID, Groups: []uint32{}},
@@ -146,9 +148,9 @@ func unprivilegedRun(t *testing.T, testName string, env ...string) ([]byte, erro
 	return out, nil
 }
 
-// executableBy returns path if uid may execute it, else the path of a copy in a
-// directory every user can enter, removed when t ends. go test builds the binary in
-// a private directory, so the copy is the common case.
+// executableBy returns path if uid may execute it, else the path of a hard link to
+// it, or a copy, in a directory every user can enter, removed when t ends. go test
+// builds the binary in a private directory, so the link is the common case.
 func executableBy(t *testing.T, path string, uid int) string {
 	t.Helper()
 	if reachableBy(path, uid) {
@@ -162,12 +164,17 @@ func executableBy(t *testing.T, path string, uid int) string {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	copyPath := filepath.Join(dir, filepath.Base(path))
+	// A hard link is instant; the binary's own mode usually lets everyone run it.
+	if os.Link(path, copyPath) == nil && reachableBy(copyPath, uid) {
+		return copyPath
+	}
+	os.Remove(copyPath)
 	src, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	copyPath := filepath.Join(dir, filepath.Base(path))
 	dst, err := os.OpenFile(copyPath, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
 	if err != nil {
 		t.Fatal(err)
