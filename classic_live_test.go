@@ -1,11 +1,13 @@
 package rrl
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -89,11 +91,14 @@ type liveCase struct {
 	raw     bool   // sent through a raw socket, the only way to use source port 0
 	payload []byte
 	pass    bool // whether the filter must deliver it
+	// ipOptions sends with IPv4 options (IP_OPTIONS) or an IPv6 destination options
+	// header (IPV6_DSTOPTS), which lengthen the IP header the filter never reads.
+	ipOptions bool
 }
 
 // cannotSend reports why this process cannot send c (empty when it can).
-func (c liveCase) cannotSend(caps uint64, unprivPortStart int) string {
-	if c.raw && caps&(1<<unix.CAP_NET_RAW) == 0 {
+func (c liveCase) cannotSend(s liveSocket, caps uint64, unprivPortStart int) string {
+	if (c.raw || c.ipOptions && s.ipv6) && caps&(1<<unix.CAP_NET_RAW) == 0 {
 		return "needs CAP_NET_RAW"
 	}
 	if !c.raw && c.port != 0 && int(c.port) < unprivPortStart && caps&(1<<unix.CAP_NET_BIND_SERVICE) == 0 {
@@ -105,7 +110,22 @@ func (c liveCase) cannotSend(caps uint64, unprivPortStart int) string {
 // sentPacket records where a case's datagram came from.
 type sentPacket struct {
 	c   liveCase
+	key packetKey
+}
+
+// packetKey tells datagrams apart: IPv6 senders share ::1 and may share a port, so
+// the DNS ID (unique per case, -1 for a payload too short to have one) counts too.
+type packetKey struct {
 	src netip.AddrPort
+	id  int
+}
+
+func keyOf(src netip.AddrPort, payload []byte) packetKey {
+	k := packetKey{netip.AddrPortFrom(src.Addr().Unmap(), src.Port()), -1}
+	if len(payload) >= 2 {
+		k.id = int(binary.BigEndian.Uint16(payload))
+	}
+	return k
 }
 
 // sendCases sends each case to server from its own socket and returns the sources.
@@ -127,15 +147,36 @@ func sendCases(t *testing.T, s liveSocket, server netip.AddrPort, cases []liveCa
 				t.Fatalf("%s: bind %v: %v", c.name, src, err)
 			}
 			src = conn.LocalAddr().(*net.UDPAddr).AddrPort()
+			if c.ipOptions {
+				if err := control(conn, setIPOptions); err != nil {
+					conn.Close()
+					t.Fatalf("%s: %v", c.name, err)
+				}
+			}
 			if _, err := conn.WriteToUDPAddrPort(c.payload, server); err != nil {
 				conn.Close()
 				t.Fatalf("%s: send from %v: %v", c.name, src, err)
 			}
 			conn.Close()
 		}
-		sent = append(sent, sentPacket{c, netip.AddrPortFrom(src.Addr().Unmap(), src.Port())})
+		sent = append(sent, sentPacket{c, keyOf(src, c.payload)})
 	}
 	return sent
+}
+
+// setIPOptions makes the socket send with IP header options: three NOPs and an end
+// of list for IPv4 (a 24-byte header), a destination options header holding one
+// 4-byte PadN option for IPv6 (8 bytes before the UDP header).
+func setIPOptions(fd int) error {
+	domain, err := socketDomain(fd)
+	if err != nil {
+		return err
+	}
+	if domain == unix.AF_INET {
+		return unix.SetsockoptString(fd, unix.IPPROTO_IP, unix.IP_OPTIONS, "\x01\x01\x01\x00")
+	}
+	// Next header (filled in by the kernel), length 0 (8 bytes), PadN of 4 bytes.
+	return unix.SetsockoptString(fd, unix.IPPROTO_IPV6, unix.IPV6_DSTOPTS, "\x00\x00\x01\x04\x00\x00\x00\x00")
 }
 
 // sendRawUDP sends a UDP datagram with source port 0 to dst through a raw socket;
@@ -169,16 +210,16 @@ func sendRawUDP(t *testing.T, dst netip.AddrPort, payload []byte) {
 // drop counter read dropsBefore is accounted for, as received or as dropped, or
 // until a deadline. It returns the sources received (each with its count) and the
 // number dropped.
-func receiveAll(t *testing.T, server *net.UDPConn, total int, dropsBefore uint32) (map[netip.AddrPort]int, int) {
+func receiveAll(t *testing.T, server *net.UDPConn, total int, dropsBefore uint32) (map[packetKey]int, int) {
 	t.Helper()
-	got := map[netip.AddrPort]int{}
+	got := map[packetKey]int{}
 	received, dropped := 0, 0
 	buf := make([]byte, 2048)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		server.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-		_, from, err := server.ReadFromUDPAddrPort(buf)
+		n, from, err := server.ReadFromUDPAddrPort(buf)
 		if err == nil {
-			got[netip.AddrPortFrom(from.Addr().Unmap(), from.Port())]++
+			got[keyOf(from, buf[:n])]++
 			received++
 		} else if !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatal(err)
@@ -211,6 +252,13 @@ func checkDelivery(t *testing.T, s liveSocket, server *net.UDPConn, cases []live
 	addr := netip.AddrPortFrom(s.target, server.LocalAddr().(*net.UDPAddr).AddrPort().Port())
 	before := socketDropCount(t, server)
 	sent := sendCases(t, s, addr, cases)
+	seen := map[packetKey]bool{}
+	for _, p := range sent {
+		if seen[p.key] {
+			t.Fatalf("two cases sent from %v with ID %d: cannot tell them apart", p.key.src, p.key.id)
+		}
+		seen[p.key] = true
+	}
 	got, dropped := receiveAll(t, server, len(sent), before)
 	wantDropped := 0
 	for _, p := range sent {
@@ -220,13 +268,13 @@ func checkDelivery(t *testing.T, s liveSocket, server *net.UDPConn, cases []live
 		} else {
 			wantDropped++
 		}
-		if got[p.src] != want {
-			t.Errorf("%s from %v: received %d times, want %d", p.c.name, p.src, got[p.src], want)
+		if got[p.key] != want {
+			t.Errorf("%s from %v: received %d times, want %d", p.c.name, p.key.src, got[p.key], want)
 		}
-		delete(got, p.src)
+		delete(got, p.key)
 	}
-	for src, n := range got {
-		t.Errorf("received %d unexpected datagrams from %v", n, src)
+	for k, n := range got {
+		t.Errorf("received %d unexpected datagrams from %v with ID %d", n, k.src, k.id)
 	}
 	if dropped != wantDropped {
 		t.Errorf("socket counted %d drops, want %d", dropped, wantDropped)
@@ -250,6 +298,9 @@ func liveConfigs(t *testing.T) []struct {
 		{name: "16-byte truncated query", payload: q[:16], pass: false},
 		{name: "empty datagram", payload: nil, pass: false},
 		{name: "response (QR set)", payload: minimalResponse(0x4244), pass: false},
+		{name: "minimal query with IP options", payload: q, pass: true, ipOptions: true},
+		{name: "response with IP options", payload: minimalResponse(0x4246), pass: false, ipOptions: true},
+		{name: "reflection port 11211 with IP options", port: 11211, payload: q, pass: false, ipOptions: true},
 		{name: "minimal query from port 0", raw: true, payload: q, pass: false},
 	}
 	for _, p := range DefaultReflectionPorts {
@@ -266,6 +317,14 @@ func liveConfigs(t *testing.T) []struct {
 		{name: "minimal query from 123 (not listed)", port: 123, payload: q, pass: true},
 		{name: "minimal query from port 0 (not listed)", raw: true, payload: q, pass: true},
 		{name: "response (QR set)", payload: minimalResponse(0x4245), pass: false},
+	}
+	for _, list := range [][]liveCase{cases, custom} {
+		for i := range list {
+			if p := list[i].payload; len(p) >= 2 {
+				list[i].payload = slices.Clone(p)
+				binary.BigEndian.PutUint16(list[i].payload, uint16(0x4000+i))
+			}
+		}
 	}
 	return []struct {
 		name  string
@@ -289,15 +348,15 @@ func testClassicLive(t *testing.T) {
 		unprivPortStart, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 	}
 	for _, lc := range liveConfigs(t) {
-		var cases []liveCase
-		for _, c := range lc.cases {
-			if why := c.cannotSend(caps, unprivPortStart); why != "" {
-				t.Logf("%s: case %q left out: %s", lc.name, c.name, why)
-				continue
-			}
-			cases = append(cases, c)
-		}
 		for _, s := range liveSockets {
+			var cases []liveCase
+			for _, c := range lc.cases {
+				if why := c.cannotSend(s, caps, unprivPortStart); why != "" {
+					t.Logf("%s/%s: case %q left out: %s", lc.name, s.name, c.name, why)
+					continue
+				}
+				cases = append(cases, c)
+			}
 			t.Run(lc.name+"/"+s.name, func(t *testing.T) {
 				server := listenLive(t, s)
 				if err := attachClassic(server, lc.cfg); err != nil {
@@ -317,6 +376,12 @@ func testClassicLive(t *testing.T) {
 }
 
 func TestClassicLive(t *testing.T) { testClassicLive(t) }
+
+// hasCap reports whether the process has capability c.
+func hasCap(c int) bool {
+	caps, err := effectiveCaps()
+	return err == nil && caps&(1<<c) != 0
+}
 
 // The same as an unprivileged process: attaching a classic filter needs no privilege.
 func TestClassicLiveUnprivileged(t *testing.T) {
@@ -385,29 +450,51 @@ func TestSocketFilterSeesUDPHeader(t *testing.T) {
 			if s.ipv6 {
 				ipVersion = 6
 			}
-			probes := []struct {
-				name  string
-				load  []bpf.Instruction
-				value uint32
-				pass  bool
-			}{
-				{"source port at 0", []bpf.Instruction{bpf.LoadAbsolute{Off: 0, Size: 2}}, sport, true},
-				{"destination port at 2", []bpf.Instruction{bpf.LoadAbsolute{Off: 2, Size: 2}}, dport, true},
-				{"UDP length at 4", []bpf.Instruction{bpf.LoadAbsolute{Off: 4, Size: 2}}, 8 + 17, true},
-				{"DNS ID at 8", []bpf.Instruction{bpf.LoadAbsolute{Off: 8, Size: 2}}, 0xabcd, true},
+			type probe struct {
+				name      string
+				load      []bpf.Instruction
+				value     uint32
+				pass      bool
+				ipOptions bool // send with IP options
+			}
+			probes := []probe{
+				{"source port at 0", []bpf.Instruction{bpf.LoadAbsolute{Off: 0, Size: 2}}, sport, true, false},
+				{"destination port at 2", []bpf.Instruction{bpf.LoadAbsolute{Off: 2, Size: 2}}, dport, true, false},
+				{"UDP length at 4", []bpf.Instruction{bpf.LoadAbsolute{Off: 4, Size: 2}}, 8 + 17, true, false},
+				{"DNS ID at 8", []bpf.Instruction{bpf.LoadAbsolute{Off: 8, Size: 2}}, 0xabcd, true, false},
 				{"length extension counts from the UDP header",
-					[]bpf.Instruction{bpf.LoadExtension{Num: bpf.ExtLen}}, 8 + 17, true},
+					[]bpf.Instruction{bpf.LoadExtension{Num: bpf.ExtLen}}, 8 + 17, true, false},
 				{"IP version at SKF_NET_OFF", []bpf.Instruction{
 					bpf.LoadAbsolute{Off: uint32(netOff), Size: 1},
-					bpf.ALUOpConstant{Op: bpf.ALUOpShiftRight, Val: 4}}, ipVersion, true},
+					bpf.ALUOpConstant{Op: bpf.ALUOpShiftRight, Val: 4}}, ipVersion, true, false},
 				// Controls: a probe can fail.
 				{"destination port at 2, wrong value",
-					[]bpf.Instruction{bpf.LoadAbsolute{Off: 2, Size: 2}}, dport + 1, false},
+					[]bpf.Instruction{bpf.LoadAbsolute{Off: 2, Size: 2}}, dport + 1, false, false},
 				{"length extension, IP header length added",
-					[]bpf.Instruction{bpf.LoadExtension{Num: bpf.ExtLen}}, 20 + 8 + 17, false},
+					[]bpf.Instruction{bpf.LoadExtension{Num: bpf.ExtLen}}, 20 + 8 + 17, false, false},
 			}
-			cases := []liveCase{{name: "query", port: sport, payload: payload}}
+			// With IP options the IP header grows and the data still starts at the UDP
+			// header; without them the probe reads the plain header.
+			ipv4HeaderWords := []bpf.Instruction{bpf.LoadAbsolute{Off: uint32(netOff), Size: 1},
+				bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0x0f}}
+			ipv6NextHeader := []bpf.Instruction{bpf.LoadAbsolute{Off: uint32(netOff) + 6, Size: 1}}
+			if !s.ipv6 {
+				probes = append(probes,
+					probe{"IPv4 header of 20 bytes", ipv4HeaderWords, 5, true, false},
+					probe{"IPv4 header of 24 bytes with options", ipv4HeaderWords, 6, true, true},
+					probe{"source port at 0 with IPv4 options",
+						[]bpf.Instruction{bpf.LoadAbsolute{Off: 0, Size: 2}}, sport, true, true})
+			} else if hasCap(unix.CAP_NET_RAW) {
+				probes = append(probes,
+					probe{"IPv6 next header UDP", ipv6NextHeader, unix.IPPROTO_UDP, true, false},
+					probe{"IPv6 next header destination options", ipv6NextHeader, unix.IPPROTO_DSTOPTS, true, true},
+					probe{"source port at 0 with IPv6 destination options",
+						[]bpf.Instruction{bpf.LoadAbsolute{Off: 0, Size: 2}}, sport, true, true})
+			} else {
+				t.Log("IPv6 destination options need CAP_NET_RAW: not probed")
+			}
 			for _, p := range probes {
+				cases := []liveCase{{name: "query", port: sport, payload: payload, ipOptions: p.ipOptions}}
 				prog, err := bpf.Assemble(append(p.load,
 					bpf.JumpIf{Cond: bpf.JumpEqual, Val: p.value, SkipFalse: 1},
 					bpf.RetConstant{Val: classicPass},
