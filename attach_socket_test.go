@@ -77,6 +77,20 @@ func TestLiveStatelessChecks(t *testing.T) {
 	if st.DroppedShort != 3 || st.DroppedResponse != 2 || st.DroppedReflection != 3 || st.Passed != 5 || st.Seen != 13 {
 		t.Errorf("stats %+v: want 3 short, 2 responses, 3 reflection drops, 5 passed of 13", st)
 	}
+
+	// Report-only withholds nothing, stateless drops included, and counts them.
+	cfg := NewConfig()
+	cfg.SetValue("report-only", "true")
+	if err := f.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	expectDelivery(t, srv, srv.addr, []deliveryCase{
+		{"response in report-only", src(20, 54340), nil, qr(dnsQuery(20, false)), true},
+		{"memcached in report-only", src(21, 11211), nil, dnsQuery(21, false), true},
+	})
+	if st, _ = f.Stats(); st.ReportOnly != 2 || st.DroppedResponse != 3 || st.DroppedReflection != 4 {
+		t.Errorf("report-only stats %+v: want 2 counted and passed", st)
+	}
 }
 
 // TestLiveIPv6 checks the IPv6 parser on a real socket, with and without a

@@ -88,7 +88,7 @@ enum counter {
 	COUNTER_DROP_RESPONSE,
 	COUNTER_DROP_REFLECTION,
 	COUNTER_EXEMPT,
-	COUNTER_REPORT_ONLY,      // would have been dropped, passed in report-only mode
+	COUNTER_REPORT_ONLY,      // would have been dropped (any reason), passed in report-only mode
 	COUNTER_ERROR,            // internal failure, passed
 	COUNTER_LIMITED_NODE0,    // limited by node i: COUNTER_LIMITED_NODE0 + i
 	COUNTER_MAX = COUNTER_LIMITED_NODE0 + NUM_NODES,
@@ -534,15 +534,15 @@ static __always_inline int filter(struct __sk_buff *skb, __u64 now, __u32 rnd)
 	// Stateless checks: what can never be a query to this server.
 	if (p.dns_len < MIN_DNS_LEN) {
 		count(c, COUNTER_DROP_SHORT);
-		return 0;
+		goto drop;
 	}
 	if (p.dns_flags & 0x80) {
 		count(c, COUNTER_DROP_RESPONSE);
-		return 0;
+		goto drop;
 	}
 	if (s->reflection_ports[(p.sport >> 6) & 1023] & (1ULL << (p.sport & 63))) {
 		count(c, COUNTER_DROP_REFLECTION);
-		return 0;
+		goto drop;
 	}
 	if (is_exempt(s, &p)) {
 		count(c, COUNTER_EXEMPT);
@@ -589,10 +589,15 @@ static __always_inline int filter(struct __sk_buff *skb, __u64 now, __u32 rnd)
 
 	if (decider >= 0) {
 		count(c, COUNTER_LIMITED_NODE0 + decider);
-		if (!s->report_only)
-			return 0;
-		count(c, COUNTER_REPORT_ONLY);
+		goto drop;
 	}
+	goto pass;
+
+drop:
+	// In report-only mode every drop is counted under its reason and passed.
+	if (!s->report_only)
+		return 0;
+	count(c, COUNTER_REPORT_ONLY);
 pass:
 	count(c, COUNTER_PASSED);
 	return skb->len;

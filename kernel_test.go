@@ -1,41 +1,23 @@
 package rrl
 
 import (
-	"errors"
 	"math/rand/v2"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 )
 
-// requireBPF skips t when the process may not load eBPF programs, unless
-// RRL_REQUIRE_BPF=1 asks for such tests to fail instead.
+// requireBPF skips t when the process may not load eBPF programs, send raw packets
+// or make network namespaces, unless RRL_REQUIRE_BPF=1 asks for such tests to fail
+// instead.
 func requireBPF(t testing.TB) {
 	t.Helper()
-	err := rlimit.RemoveMemlock()
-	if err == nil {
-		spec, serr := loadFilter()
-		if serr != nil {
-			t.Fatalf("loading the embedded BPF spec: %v", serr)
-		}
-		var objs struct {
-			Counters *ebpf.Map `ebpf:"rrl_counters"`
-		}
-		err = spec.LoadAndAssign(&objs, nil)
-		if err == nil {
-			objs.Counters.Close()
-			return
-		}
+	requirePrivilege(t, unix.CAP_BPF, unix.CAP_NET_ADMIN, unix.CAP_NET_RAW, unix.CAP_SYS_ADMIN)
+	if err := rlimit.RemoveMemlock(); err != nil {
+		t.Fatalf("remove memlock limit: %v", err)
 	}
-	if os.Getenv("RRL_REQUIRE_BPF") == "1" {
-		t.Fatalf("eBPF not available but RRL_REQUIRE_BPF=1: %v", err)
-	}
-	if errors.Is(err, os.ErrPermission) {
-		t.Skipf("needs CAP_BPF (run as root, or set RRL_REQUIRE_BPF=1 to fail instead): %v", err)
-	}
-	t.Skipf("eBPF unavailable: %v", err)
 }
 
 // testObjects are the test-only programs and maps, loaded only by tests.
