@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"sync"
 	"syscall"
 
@@ -92,7 +91,15 @@ func (o *kernelObjects) Close() error {
 // When the kernel refuses to load eBPF (no CAP_BPF), Attach still attaches the
 // classic-BPF prefilter and returns the Filter together with an error for which
 // errors.Is(err, ErrNotPermitted) holds: a caller that only logs the error keeps the
-// stateless protection, and Mode reports ModeClassic.
+// stateless protection, and Mode reports ModeClassic. The request limits then have
+// to be enforced in Go: make a Limiter from the same Config and discard every packet
+// for which Limiter.Allow(source) is false, right after reading it. The error says
+// how to get the eBPF filter instead: grant CAP_BPF (setcap cap_bpf+ep), attach
+// before dropping privileges (the attached filter keeps working), or attach objects
+// a privileged step pinned (AttachPinned).
+//
+// In report-only mode the filter counts what it would drop (FilterStats.ReportOnly
+// and the per-reason counters) and passes everything.
 func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	if cfg == nil {
 		cfg = NewConfig()
@@ -103,7 +110,7 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 		if !errors.Is(err, ErrNotPermitted) {
 			return nil, err
 		}
-		if cerr := attachClassic(conn, f.cfg); cerr != nil {
+		if cerr := applyClassic(conn, f.cfg); cerr != nil {
 			return nil, errors.Join(err, fmt.Errorf("classic fallback: %w", cerr))
 		}
 		f.mode = ModeClassic
@@ -134,10 +141,7 @@ func loadKernelObjects() (*kernelObjects, error) {
 	}
 	var objs kernelObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || errors.Is(err, os.ErrPermission) {
-			return nil, permissionError("load eBPF filter", err)
-		}
-		return nil, fmt.Errorf("rrl: load eBPF filter: %w", err)
+		return nil, loadError("rrl: load eBPF filter", err)
 	}
 	return &objs, nil
 }
@@ -153,13 +157,13 @@ func randomSeed() (uint64, error) {
 func (f *Filter) attachEBPF(conn syscall.Conn) error {
 	fd := f.objs.Program.FD()
 	err := control(conn, func(s int) error {
+		if err := checkUDPSocket(s); err != nil {
+			return err
+		}
 		return unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_ATTACH_BPF, fd)
 	})
 	if err != nil {
-		if errors.Is(err, unix.ENOMEM) {
-			return optmemError(err)
-		}
-		return fmt.Errorf("rrl: attach filter: %w", err)
+		return sockoptError("rrl: attach filter", err)
 	}
 	f.sockets = append(f.sockets, conn)
 	return nil
@@ -174,7 +178,7 @@ func (f *Filter) Attach(conn syscall.Conn) error {
 	case ModeEBPF:
 		return f.attachEBPF(conn)
 	case ModeClassic:
-		if err := attachClassic(conn, f.cfg); err != nil {
+		if err := applyClassic(conn, f.cfg); err != nil {
 			return err
 		}
 		f.sockets = append(f.sockets, conn)
@@ -200,7 +204,7 @@ func (f *Filter) Update(cfg *Config) error {
 		}
 	case ModeClassic:
 		for _, s := range f.sockets {
-			if err := attachClassic(s, cfg); err != nil {
+			if err := applyClassic(s, cfg); err != nil {
 				return err
 			}
 		}
@@ -243,6 +247,19 @@ func (f *Filter) Close() error {
 	return errors.Join(errs...)
 }
 
+// applyClassic puts the classic prefilter for cfg on conn; in report-only mode,
+// where nothing may be withheld and the classic filter has no counters, it removes
+// any filter instead.
+func applyClassic(conn syscall.Conn, cfg *Config) error {
+	if cfg.reportOnly {
+		if err := detachFilter(conn); err != nil && !errors.Is(err, unix.ENOENT) {
+			return err
+		}
+		return nil
+	}
+	return attachClassic(conn, cfg)
+}
+
 // latticeOf returns every node's limit and prefix length under cfg: the table the
 // kernel reads from its settings map and the Go Limiter keeps.
 func latticeOf(cfg *Config) (limits [numNodes]Fixed, prefixes [numNodes]uint8) {
@@ -261,7 +278,7 @@ func latticeOf(cfg *Config) (limits [numNodes]Fixed, prefixes [numNodes]uint8) {
 
 // kernelSettings builds the settings map value for cfg.
 func kernelSettings(cfg *Config, seed uint64) *filterSettings {
-	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed}
+	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed)}
 	if cfg.reportOnly {
 		s.ReportOnly = 1
 	}

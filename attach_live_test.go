@@ -2,6 +2,8 @@ package rrl
 
 import (
 	"fmt"
+
+	"github.com/dnsrake/rrl/internal/loadgen"
 	"math/rand/v2"
 	"net/netip"
 	"sync"
@@ -9,15 +11,8 @@ import (
 	"time"
 )
 
-// flow is one group of traffic in a live test: rate packets per second from start to
-// end, each packet from src(i) for its i-th packet.
-type flow struct {
-	name       string
-	rate       float64
-	start, end time.Duration
-	src        func(i int) netip.AddrPort
-	payload    []byte
-}
+// flow is one group of traffic in a live test.
+type flow = loadgen.Flow
 
 // liveRun is what one live run sent and what the server received.
 type liveRun struct {
@@ -52,33 +47,15 @@ func runLiveWith(t *testing.T, srv *udpServer, raw *rawSender, f *Filter, flows 
 	stop := make(chan struct{})
 	go func() { done <- srv.collect(start, stop, 300*time.Millisecond, dur+20*time.Second) }()
 
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for now := time.Since(start); now < dur; now = time.Since(start) {
-		for fi, fl := range flows {
-			if now < fl.start {
-				continue
-			}
-			until := min(now, fl.end)
-			due := int(fl.rate*(until-fl.start).Seconds()) - len(run.sentAt[fi])
-			for ; due > 0; due-- {
-				src := fl.src(len(run.sentAt[fi]))
-				ownerMu.Lock()
-				owner[src] = fi
-				ownerMu.Unlock()
-				payload := fl.payload
-				if payload == nil {
-					payload = dnsQuery(uint16(len(run.sentAt[fi])), false)
-				}
-				if srv.addr.Addr().Is4() {
-					raw.send(t, ipv4Packet(src, srv.addr, nil, payload))
-				} else {
-					raw.send(t, ipv6Packet(src, srv.addr, false, payload))
-				}
-				run.sentAt[fi] = append(run.sentAt[fi], time.Since(start))
-			}
-		}
-		<-tick.C
+	var sendErr error
+	run.sentAt, sendErr = loadgen.Pace(start, flows, dur, 2*time.Millisecond, func(fi int, src netip.AddrPort, payload []byte) error {
+		ownerMu.Lock()
+		owner[src] = fi
+		ownerMu.Unlock()
+		return raw.Send(loadgen.Packet(src, srv.addr, payload))
+	})
+	if sendErr != nil {
+		t.Fatalf("send: %v", sendErr)
 	}
 	close(stop)
 	for _, r := range <-done {
@@ -131,7 +108,7 @@ func (r *liveRun) loss(fi int) float64 {
 
 func (r *liveRun) report(t *testing.T) {
 	for fi, fl := range r.flows {
-		t.Logf("%-12s sent %6d received %6d (loss %.2f%%)", fl.name, len(r.sentAt[fi]), len(r.received[fi]), 100*r.loss(fi))
+		t.Logf("%-12s sent %6d received %6d (loss %.2f%%)", fl.Name, len(r.sentAt[fi]), len(r.received[fi]), 100*r.loss(fi))
 	}
 	t.Logf("filter: %+v", r.filter)
 }
@@ -144,7 +121,7 @@ func legitFlows(n int, rate float64, dur time.Duration) []flow {
 	var out []flow
 	for i := 0; i < n; i++ {
 		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, byte(100 + i), 0, 1}), uint16(50000+i))
-		out = append(out, flow{name: fmt.Sprintf("legit%d", i), rate: rate, end: dur, src: func(int) netip.AddrPort { return src }})
+		out = append(out, flow{Name: fmt.Sprintf("legit%d", i), Rate: rate, End: dur, Src: func(int) netip.AddrPort { return src }})
 	}
 	return out
 }
@@ -186,14 +163,14 @@ func TestLiveLimiterScenarios(t *testing.T) {
 		name   string
 		attack []flow
 	}{
-		{"one heavy source at 10x", []flow{{name: "heavy", rate: 10 * L, end: dur,
-			src: func(int) netip.AddrPort { return v4(127, 1, 1, 1, 40000) }}}},
-		{"a /24 of 200 sources at 20x together", []flow{{name: "slash24", rate: 20 * L, end: dur,
-			src: func(i int) netip.AddrPort { return v4(127, 2, 2, byte(1+i%200), uint16(30000+i%200)) }}}},
-		{"10 sources in a /24 at 2x each", []flow{{name: "ten", rate: 20 * L, end: dur,
-			src: func(i int) netip.AddrPort { return v4(127, 3, 3, byte(1+i%10), uint16(30000+i%10)) }}}},
-		{"random sources on source port 23456 at 20x", []flow{{name: "port", rate: 20 * L, end: dur,
-			src: func(int) netip.AddrPort {
+		{"one heavy source at 10x", []flow{{Name: "heavy", Rate: 10 * L, End: dur,
+			Src: func(int) netip.AddrPort { return v4(127, 1, 1, 1, 40000) }}}},
+		{"a /24 of 200 sources at 20x together", []flow{{Name: "slash24", Rate: 20 * L, End: dur,
+			Src: func(i int) netip.AddrPort { return v4(127, 2, 2, byte(1+i%200), uint16(30000+i%200)) }}}},
+		{"10 sources in a /24 at 2x each", []flow{{Name: "ten", Rate: 20 * L, End: dur,
+			Src: func(i int) netip.AddrPort { return v4(127, 3, 3, byte(1+i%10), uint16(30000+i%10)) }}}},
+		{"random sources on source port 23456 at 20x", []flow{{Name: "port", Rate: 20 * L, End: dur,
+			Src: func(int) netip.AddrPort {
 				return v4(127, byte(rng.IntN(100)), byte(rng.IntN(256)), byte(1+rng.IntN(254)), 23456)
 			}}}},
 	}
@@ -209,7 +186,7 @@ func TestLiveLimiterScenarios(t *testing.T) {
 			}
 			for fi := 1; fi < len(flows); fi++ {
 				if l := run.loss(fi); l >= 0.01 {
-					t.Errorf("%s lost %.2f%% of its queries, want < 1%%", flows[fi].name, 100*l)
+					t.Errorf("%s lost %.2f%% of its queries, want < 1%%", flows[fi].Name, 100*l)
 				}
 			}
 		})
@@ -242,14 +219,14 @@ func TestLiveLimiterScenariosIPv6(t *testing.T) {
 		name   string
 		attack flow
 	}{
-		{"one heavy source at 10x", flow{name: "heavy", rate: 10 * L, end: dur,
-			src: func(int) netip.AddrPort { return v6(1, 1, 1, 1, 40000) }}},
-		{"200 /64s of one /56 at 20x together", flow{name: "slash56", rate: 20 * L, end: dur,
-			src: func(i int) netip.AddrPort { return v6(2, 2, uint16(i%200), 1, uint16(30000+i%200)) }}},
-		{"10 sources in a /64 at 2x each", flow{name: "ten", rate: 20 * L, end: dur,
-			src: func(i int) netip.AddrPort { return v6(3, 3, 3, uint16(1+i%10), uint16(30000+i%10)) }}},
-		{"random sources on source port 23456 at 20x", flow{name: "port", rate: 20 * L, end: dur,
-			src: func(int) netip.AddrPort {
+		{"one heavy source at 10x", flow{Name: "heavy", Rate: 10 * L, End: dur,
+			Src: func(int) netip.AddrPort { return v6(1, 1, 1, 1, 40000) }}},
+		{"200 /64s of one /56 at 20x together", flow{Name: "slash56", Rate: 20 * L, End: dur,
+			Src: func(i int) netip.AddrPort { return v6(2, 2, uint16(i%200), 1, uint16(30000+i%200)) }}},
+		{"10 sources in a /64 at 2x each", flow{Name: "ten", Rate: 20 * L, End: dur,
+			Src: func(i int) netip.AddrPort { return v6(3, 3, 3, uint16(1+i%10), uint16(30000+i%10)) }}},
+		{"random sources on source port 23456 at 20x", flow{Name: "port", Rate: 20 * L, End: dur,
+			Src: func(int) netip.AddrPort {
 				return v6(uint16(0x1000+rng.IntN(1000)), byte(rng.IntN(256)), uint16(rng.IntN(65536)), uint16(rng.IntN(65536)), 23456)
 			}}},
 	}
@@ -273,7 +250,7 @@ func TestLiveLimiterScenariosIPv6(t *testing.T) {
 			flows := []flow{sc.attack}
 			for i := 0; i < 10; i++ { // legitimate clients, each in its own /48
 				src := v6(uint16(0x100+i), 0, 0, 1, uint16(50000+i))
-				flows = append(flows, flow{name: fmt.Sprintf("legit%d", i), rate: 0.05 * L, end: dur, src: func(int) netip.AddrPort { return src }})
+				flows = append(flows, flow{Name: fmt.Sprintf("legit%d", i), Rate: 0.05 * L, End: dur, Src: func(int) netip.AddrPort { return src }})
 			}
 			run := runLiveWith(t, srv, raw, f, flows, dur)
 			run.report(t)
@@ -282,7 +259,7 @@ func TestLiveLimiterScenariosIPv6(t *testing.T) {
 			}
 			for fi := 1; fi < len(flows); fi++ {
 				if l := run.loss(fi); l >= 0.01 {
-					t.Errorf("%s lost %.2f%% of its queries, want < 1%%", flows[fi].name, 100*l)
+					t.Errorf("%s lost %.2f%% of its queries, want < 1%%", flows[fi].Name, 100*l)
 				}
 			}
 		})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dnsrake/rrl/internal/loadgen"
 	"golang.org/x/sys/unix"
 )
 
@@ -75,6 +76,20 @@ func TestLiveStatelessChecks(t *testing.T) {
 	}
 	if st.DroppedShort != 3 || st.DroppedResponse != 2 || st.DroppedReflection != 3 || st.Passed != 5 || st.Seen != 13 {
 		t.Errorf("stats %+v: want 3 short, 2 responses, 3 reflection drops, 5 passed of 13", st)
+	}
+
+	// Report-only withholds nothing, stateless drops included, and counts them.
+	cfg := NewConfig()
+	cfg.SetValue("report-only", "true")
+	if err := f.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	expectDelivery(t, srv, srv.addr, []deliveryCase{
+		{"response in report-only", src(20, 54340), nil, qr(dnsQuery(20, false)), true},
+		{"memcached in report-only", src(21, 11211), nil, dnsQuery(21, false), true},
+	})
+	if st, _ = f.Stats(); st.ReportOnly != 2 || st.DroppedResponse != 3 || st.DroppedReflection != 4 {
+		t.Errorf("report-only stats %+v: want 2 counted and passed", st)
 	}
 }
 
@@ -228,8 +243,8 @@ func TestLiveReportOnlyUpdateClose(t *testing.T) {
 	}
 	srv, f := attachLive(t, "500")
 	heavy := func(port uint16) []flow {
-		return []flow{{name: "heavy", rate: 5000, end: 3 * time.Second,
-			src: func(int) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("127.9.9.9"), port) }}}
+		return []flow{{Name: "heavy", Rate: 5000, End: 3 * time.Second,
+			Src: func(int) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("127.9.9.9"), port) }}}
 	}
 
 	cfg := NewConfig()
@@ -286,9 +301,9 @@ func TestLiveStartAndRelease(t *testing.T) {
 	src := func(int) netip.AddrPort { return netip.MustParseAddrPort("127.9.8.7:41100") }
 	s := time.Second
 	flows := []flow{
-		{name: "before", rate: 250, start: 0, end: 1 * s, src: src},
-		{name: "attack", rate: 5000, start: 1 * s, end: 3 * s, src: src},
-		{name: "after", rate: 250, start: 3 * s, end: 5500 * time.Millisecond, src: src},
+		{Name: "before", Rate: 250, Start: 0, End: 1 * s, Src: src},
+		{Name: "attack", Rate: 5000, Start: 1 * s, End: 3 * s, Src: src},
+		{Name: "after", Rate: 250, Start: 3 * s, End: 5500 * time.Millisecond, Src: src},
 	}
 	// One source plays all three phases, so what it receives is split by time.
 	raw := newRawSender(t, srv.addr)
@@ -296,20 +311,13 @@ func TestLiveStartAndRelease(t *testing.T) {
 	done := make(chan []reception)
 	stop := make(chan struct{})
 	go func() { done <- srv.collect(start, stop, 300*time.Millisecond, 30*time.Second) }()
-	sent := make([]int, len(flows))
-	for now := time.Since(start); now < 5500*time.Millisecond; now = time.Since(start) {
-		for i, fl := range flows {
-			if now < fl.start {
-				continue
-			}
-			due := int(fl.rate*(min(now, fl.end)-fl.start).Seconds()) - sent[i]
-			for ; due > 0; due-- {
-				raw.send(t, ipv4Packet(src(0), srv.addr, nil, dnsQuery(uint16(sent[i]), false)))
-				sent[i]++
-			}
-		}
-		time.Sleep(2 * time.Millisecond)
+	sentAt, err := loadgen.Pace(start, flows, 5500*time.Millisecond, 2*time.Millisecond, func(_ int, src netip.AddrPort, payload []byte) error {
+		return raw.Send(ipv4Packet(src, srv.addr, nil, payload))
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	sent := []int{len(sentAt[0]), len(sentAt[1]), len(sentAt[2])}
 	close(stop)
 	var at []time.Duration
 	for _, r := range <-done {
@@ -321,8 +329,11 @@ func TestLiveStartAndRelease(t *testing.T) {
 	if got := perSecond(0, s); !within(got, 250, 0.05) {
 		t.Errorf("before the attack: %.0f pps delivered, want all 250", got)
 	}
-	if got := perSecond(2*s, 3*s); !within(got, 500, 0.15) {
-		t.Errorf("one second into the attack: %.0f pps delivered, want the limit 500", got)
+	// Limiting is in force one second into the attack: what gets through is near the
+	// limit, not near the attack's 10x (the estimate still converges for a while, and
+	// a sender stalled by a busy machine delivers in bursts, hence the margin).
+	if got := perSecond(2*s, 3*s); got < 0.8*500 || got > 1.2*500 {
+		t.Errorf("one second into the attack: %.0f pps delivered, want the limit 500 ±20%%", got)
 	}
 	if got := perSecond(5*s, 5500*time.Millisecond); !within(got, 250, 0.05) {
 		t.Errorf("two seconds after the attack: %.0f pps delivered, want all 250", got)

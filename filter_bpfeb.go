@@ -44,6 +44,7 @@ type filterSettings struct {
 	HasExempt6      uint8
 	Pad             uint8
 	Seed            uint64
+	SeedMix0        uint64
 	Limit           [12]uint64
 	Prefix          [12]uint8
 	Pad2            [4]uint8
@@ -51,16 +52,17 @@ type filterSettings struct {
 }
 
 type filterTestFp struct {
-	_     structs.HostLayout
-	A     uint64
-	B     uint64
-	Mul   uint64
-	Div   uint64
-	Add   uint64
-	Sub   uint64
-	Decay uint64
-	Rate  uint64
-	Hash  uint64
+	_       structs.HostLayout
+	A       uint64
+	B       uint64
+	Mul     uint64
+	MulFrac uint64
+	Div     uint64
+	Add     uint64
+	Sub     uint64
+	Decay   uint64
+	Rate    uint64
+	Hash    uint64
 }
 
 type filterTestInput struct {

@@ -5,9 +5,10 @@ import (
 )
 
 // FilterStats are the kernel filter's counters, summed over CPUs, since it was
-// loaded. Every packet the filter sees counts in Seen and then in exactly one of
-// Passed or a drop counter (DroppedShort, DroppedResponse, DroppedReflection, or a
-// node's Limited when not in report-only mode).
+// loaded. Every packet the filter sees counts in Seen and then in Passed or in one
+// reason counter (DroppedShort, DroppedResponse, DroppedReflection, or a node's
+// Limited). In report-only mode a packet counted under a reason is also counted in
+// ReportOnly and Passed, since nothing is withheld.
 type FilterStats struct {
 	Mode              FilterMode
 	Seen              uint64 // packets judged
@@ -29,7 +30,7 @@ type NodeStats struct {
 	Limited uint64  // packets this level refused (dropped unless report-only)
 }
 
-// Dropped is the number of packets the filter dropped, for every reason.
+// Dropped is the number of packets the filter withheld, for every reason.
 func (s FilterStats) Dropped() uint64 {
 	return s.Seen - s.Passed
 }

@@ -1,41 +1,23 @@
 package rrl
 
 import (
-	"errors"
 	"math/rand/v2"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 )
 
-// requireBPF skips t when the process may not load eBPF programs, unless
-// RRL_REQUIRE_BPF=1 asks for such tests to fail instead.
+// requireBPF skips t when the process may not load eBPF programs, send raw packets
+// or make network namespaces, unless RRL_REQUIRE_BPF=1 asks for such tests to fail
+// instead.
 func requireBPF(t testing.TB) {
 	t.Helper()
-	err := rlimit.RemoveMemlock()
-	if err == nil {
-		spec, serr := loadFilter()
-		if serr != nil {
-			t.Fatalf("loading the embedded BPF spec: %v", serr)
-		}
-		var objs struct {
-			Counters *ebpf.Map `ebpf:"rrl_counters"`
-		}
-		err = spec.LoadAndAssign(&objs, nil)
-		if err == nil {
-			objs.Counters.Close()
-			return
-		}
+	requirePrivilege(t, unix.CAP_BPF, unix.CAP_NET_ADMIN, unix.CAP_NET_RAW, unix.CAP_SYS_ADMIN)
+	if err := rlimit.RemoveMemlock(); err != nil {
+		t.Fatalf("remove memlock limit: %v", err)
 	}
-	if os.Getenv("RRL_REQUIRE_BPF") == "1" {
-		t.Fatalf("eBPF not available but RRL_REQUIRE_BPF=1: %v", err)
-	}
-	if errors.Is(err, os.ErrPermission) {
-		t.Skipf("needs CAP_BPF (run as root, or set RRL_REQUIRE_BPF=1 to fail instead): %v", err)
-	}
-	t.Skipf("eBPF unavailable: %v", err)
 }
 
 // testObjects are the test-only programs and maps, loaded only by tests.
@@ -113,6 +95,7 @@ func TestKernelFixedPointMatchesGo(t *testing.T) {
 			got, want uint64
 		}{
 			{"mul", out.Mul, uint64(fa.Mul(fb))},
+			{"mul_frac", out.MulFrac, uint64(fa.Mul(fb & 0xffffffff))},
 			{"div", out.Div, uint64(fa.Div(fb))},
 			{"add", out.Add, uint64(fa.Add(fb))},
 			{"sub", out.Sub, uint64(fa.Sub(fb))},

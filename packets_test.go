@@ -1,128 +1,37 @@
 package rrl
 
 import (
-	"encoding/binary"
 	"net"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/dnsrake/rrl/internal/loadgen"
 	"golang.org/x/sys/unix"
 )
 
-// dnsQuery returns a DNS query for the root name (the smallest question there is:
-// 17 bytes) or, with edns, with an OPT record (28 bytes).
-func dnsQuery(id uint16, edns bool) []byte {
-	q := []byte{byte(id >> 8), byte(id), 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1}
-	if edns {
-		q[11] = 1
-		q = append(q, 0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0, 0, 0)
-	}
-	return q
-}
+// Thin test wrappers over internal/loadgen.
+var (
+	dnsQuery   = loadgen.DNSQuery
+	ipv4Packet = loadgen.IPv4Packet
+	ipv6Packet = loadgen.IPv6Packet
+)
 
-// ipv4Packet builds an IPv4/UDP datagram from src to dst carrying payload, with
-// optional IP options (a multiple of 4 bytes).
-func ipv4Packet(src, dst netip.AddrPort, options, payload []byte) []byte {
-	ihl := 20 + len(options)
-	total := ihl + 8 + len(payload)
-	b := make([]byte, total)
-	b[0] = 0x40 | byte(ihl/4)
-	binary.BigEndian.PutUint16(b[2:], uint16(total))
-	b[8] = 64
-	b[9] = unix.IPPROTO_UDP
-	s, d := src.Addr().As4(), dst.Addr().As4()
-	copy(b[12:], s[:])
-	copy(b[16:], d[:])
-	copy(b[20:], options)
-	binary.BigEndian.PutUint16(b[10:], checksum(b[:ihl], 0))
-	u := b[ihl:]
-	binary.BigEndian.PutUint16(u[0:], src.Port())
-	binary.BigEndian.PutUint16(u[2:], dst.Port())
-	binary.BigEndian.PutUint16(u[4:], uint16(8+len(payload)))
-	copy(u[8:], payload)
-	return b
-}
-
-// ipv6Packet builds an IPv6/UDP datagram, optionally behind a destination options
-// header (8 bytes of PadN).
-func ipv6Packet(src, dst netip.AddrPort, destOpts bool, payload []byte) []byte {
-	ext := 0
-	if destOpts {
-		ext = 8
-	}
-	b := make([]byte, 40+ext+8+len(payload))
-	b[0] = 0x60
-	binary.BigEndian.PutUint16(b[4:], uint16(ext+8+len(payload)))
-	b[6] = unix.IPPROTO_UDP
-	b[7] = 64
-	s, d := src.Addr().As16(), dst.Addr().As16()
-	copy(b[8:], s[:])
-	copy(b[24:], d[:])
-	if destOpts {
-		b[6] = unix.IPPROTO_DSTOPTS
-		b[40] = unix.IPPROTO_UDP
-		b[41] = 0
-		b[42], b[43] = 1, 4 // PadN, 4 bytes
-	}
-	u := b[40+ext:]
-	binary.BigEndian.PutUint16(u[0:], src.Port())
-	binary.BigEndian.PutUint16(u[2:], dst.Port())
-	binary.BigEndian.PutUint16(u[4:], uint16(8+len(payload)))
-	copy(u[8:], payload)
-	// The UDP checksum is mandatory over IPv6: pseudo-header, then the datagram.
-	var pseudo uint32
-	for i := 0; i < 16; i += 2 {
-		pseudo += uint32(binary.BigEndian.Uint16(s[i:])) + uint32(binary.BigEndian.Uint16(d[i:]))
-	}
-	pseudo += uint32(len(u)) + unix.IPPROTO_UDP
-	c := checksum(u, pseudo)
-	if c == 0 {
-		c = 0xffff
-	}
-	binary.BigEndian.PutUint16(u[6:], c)
-	return b
-}
-
-func checksum(b []byte, sum uint32) uint16 {
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
-}
-
-// rawSender sends hand-built IP datagrams with any source address, so tests can
-// play many clients (and spoofed floods) on loopback. It needs CAP_NET_RAW.
-type rawSender struct {
-	fd  int
-	v6  bool
-	dst unix.Sockaddr
-}
+// rawSender sends hand-built IP datagrams with any source address (CAP_NET_RAW).
+type rawSender struct{ *loadgen.RawSender }
 
 func newRawSender(t testing.TB, dst netip.AddrPort) *rawSender {
 	t.Helper()
-	family := unix.AF_INET6
-	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: dst.Addr().As16()}
-	if dst.Addr().Is4() {
-		family = unix.AF_INET
-		sa = &unix.SockaddrInet4{Addr: dst.Addr().As4()}
-	}
-	fd, err := unix.Socket(family, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	r, err := loadgen.NewRawSender(dst)
 	if err != nil {
 		t.Fatalf("raw socket: %v", err)
 	}
-	t.Cleanup(func() { unix.Close(fd) })
-	return &rawSender{fd: fd, v6: family == unix.AF_INET6, dst: sa}
+	t.Cleanup(func() { r.Close() })
+	return &rawSender{r}
 }
 
 func (r *rawSender) send(t testing.TB, pkt []byte) {
-	if err := unix.Sendto(r.fd, pkt, 0, r.dst); err != nil {
+	if err := r.Send(pkt); err != nil {
 		t.Fatalf("raw send: %v", err)
 	}
 }

@@ -1,0 +1,138 @@
+package rrl_test
+
+import (
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/dnsrake/rrl"
+	"github.com/miekg/dns"
+)
+
+func ExampleResponseTupleFromMsg() {
+	q := new(dns.Msg)
+	q.SetQuestion("WwW.ExAmPlE.TeSt.", dns.TypeMX) // a resolver randomising case
+
+	// NODATA: no MX at the name, the zone's SOA in the authority section.
+	resp := new(dns.Msg)
+	resp.SetReply(q)
+	resp.Authoritative = true
+	soa, _ := dns.NewRR("example.test. 3600 IN SOA ns1.example.test. host.example.test. 1 7200 3600 1209600 300")
+	resp.Ns = append(resp.Ns, soa)
+
+	t := rrl.ResponseTupleFromMsg(resp, "")
+	fmt.Println(t.AllowanceCategory == rrl.AllowanceNoData, t.SalientName, dns.TypeToString[t.Type])
+
+	// NXDOMAIN is accounted to the zone, whatever name was asked.
+	resp.Rcode = dns.RcodeNameError
+	t = rrl.ResponseTupleFromMsg(resp, "")
+	fmt.Println(t.AllowanceCategory == rrl.AllowanceNXDomain, t.SalientName)
+
+	// An answer synthesised from *.wild.example.test. is accounted to the wildcard.
+	q.SetQuestion("a1b2c3.wild.example.test.", dns.TypeA)
+	resp.SetReply(q)
+	a, _ := dns.NewRR("a1b2c3.wild.example.test. 300 IN A 192.0.2.80")
+	resp.Answer = append(resp.Answer, a)
+	t = rrl.ResponseTupleFromMsg(resp, "wild.example.test.")
+	fmt.Println(t.AllowanceCategory == rrl.AllowanceAnswer, t.SalientName)
+	// Output:
+	// true www.example.test. MX
+	// true example.test.
+	// true *.wild.example.test.
+}
+
+// A server answering a query that carries a COOKIE option: verify it, then return
+// the client cookie with a server cookie. The secret, client and time are those of
+// RFC 9018 Appendix A.1.
+func ExampleCookies() {
+	secret, _ := hex.DecodeString("e5e973e5a6b2a43f48e7dc849e37bfcf")
+	cookies := rrl.NewCookies(rrl.CookieSecret(secret))
+	client := netip.MustParseAddr("198.51.100.100")
+	now := time.Unix(1559731985, 0)
+
+	query := new(dns.Msg)
+	query.SetQuestion("example.com.", dns.TypeA)
+	clientCookie, _ := hex.DecodeString("2464c4abcf10c957")
+	rrl.SetCookie(query, clientCookie)
+
+	cookie, _ := rrl.CookieFromMsg(query)
+	fmt.Println(cookies.Verify(cookie, client, now))
+
+	full := cookies.Generate(cookie, client, now)
+	resp := new(dns.Msg)
+	resp.SetReply(query)
+	rrl.SetCookie(resp, full)
+	fmt.Printf("%x\n", full)
+
+	// The client sends the full cookie back with its next queries.
+	fmt.Println(cookies.Verify(full, client, now.Add(10*time.Minute)))
+	fmt.Println(cookies.Verify(full, client, now.Add(40*time.Minute)))
+	fmt.Println(cookies.Verify(full, client, now.Add(2*time.Hour)))
+	fmt.Println(cookies.Verify(full, netip.MustParseAddr("192.0.2.1"), now))
+	// Output:
+	// client-only
+	// 2464c4abcf10c957010000005cf79f111f8130c3eee29480
+	// valid
+	// valid-reissue
+	// expired
+	// bad
+}
+
+// Rolling the secret over: cookies made with the old one stay valid, and are
+// replaced by cookies made with the new one.
+func ExampleCookies_Rotate() {
+	client := netip.MustParseAddr("2001:db8::53")
+	now := time.Unix(1559741961, 0)
+	clientCookie := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+
+	cookies := rrl.NewCookies(rrl.CookieSecret{1})
+	old := cookies.Generate(clientCookie, client, now)
+	cookies.Rotate(rrl.CookieSecret{2})
+	fmt.Println(cookies.Verify(old, client, now))
+	cookies.ClearPrevious()
+	fmt.Println(cookies.Verify(old, client, now))
+	// Output:
+	// valid-reissue
+	// bad
+}
+
+func ExampleLimitListener() {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	l := rrl.LimitListener(inner, 1) // one connection per client address
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		for {
+			c, err := l.Accept() // a dns.Server with Listener: l does this
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+
+	first, _ := net.Dial("tcp", l.Addr().String())
+	defer first.Close()
+	server := <-accepted
+
+	// The client's second connection is reset at once.
+	// (On loopback the reset may even beat the end of Dial.)
+	if second, err := net.Dial("tcp", l.Addr().String()); err == nil {
+		second.SetReadDeadline(time.Now().Add(5 * time.Second))
+		second.Read(make([]byte, 1)) // returns the reset
+		second.Close()
+	}
+	fmt.Printf("%+v\n", l.Stats())
+
+	server.Close() // frees the client's slot
+	fmt.Printf("%+v\n", l.Stats())
+	// Output:
+	// {Accepted:1 Refused:1 Open:1 Clients:1}
+	// {Accepted:1 Refused:1 Open:0 Clients:0}
+}

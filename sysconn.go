@@ -1,0 +1,84 @@
+package rrl
+
+import (
+	"fmt"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Raw socket access for the filters. Every socket option call goes through control,
+// which hands the descriptor to a function returning an error and returns that error,
+// so call sites never capture an error variable from inside a closure.
+
+// control runs fn on conn's file descriptor and returns fn's error, or the error of
+// reaching the descriptor (for example when conn is closed). The descriptor is valid
+// only while fn runs: fn must not keep it.
+func control(conn syscall.Conn, fn func(fd int) error) error {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var fnErr error
+	if err := raw.Control(func(fd uintptr) { fnErr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return fnErr
+}
+
+// socketDomain returns the address family of the socket (unix.AF_INET or
+// unix.AF_INET6). An AF_INET6 socket may also receive IPv4 packets: see socketV6Only.
+func socketDomain(fd int) (int, error) {
+	return unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+}
+
+// socketV6Only reports whether an AF_INET6 socket refuses IPv4 (IPV6_V6ONLY). A
+// dual-stack socket (false) receives IPv4 packets too, with the same UDP header
+// offsets as seen by a socket filter.
+func socketV6Only(fd int) (bool, error) {
+	v, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY)
+	return v != 0, err
+}
+
+// checkUDPSocket returns an error unless fd is an IPv4 or IPv6 UDP socket. The filters
+// read the packet from the UDP header, which is where the kernel starts a socket
+// filter's data only on UDP sockets: on any other socket their offsets would be wrong.
+func checkUDPSocket(fd int) error {
+	domain, err := socketDomain(fd)
+	if err != nil {
+		return fmt.Errorf("get socket domain: %w", err)
+	}
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return fmt.Errorf("get socket type: %w", err)
+	}
+	proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if err != nil {
+		return fmt.Errorf("get socket protocol: %w", err)
+	}
+	if (domain != unix.AF_INET && domain != unix.AF_INET6) ||
+		typ != unix.SOCK_DGRAM || proto != unix.IPPROTO_UDP {
+		return fmt.Errorf("not a UDP socket (domain %d, type %d, protocol %d)", domain, typ, proto)
+	}
+	return nil
+}
+
+// socketDrops returns the number of packets the kernel dropped on their way into the
+// socket: those a socket filter refused and those that found the receive buffer
+// full (SK_MEMINFO_DROPS of SO_MEMINFO). Tests use it to tell when every packet sent
+// has been either delivered or dropped, without waiting for a timeout.
+func socketDrops(fd int) (uint32, error) {
+	var info [unix.SK_MEMINFO_VARS]uint32
+	size := uint32(unsafe.Sizeof(info))
+	// x/sys/unix has no getsockopt for an array of integers.
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET,
+		unix.SO_MEMINFO, uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&size)), 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	if size <= unix.SK_MEMINFO_DROPS*4 {
+		return 0, fmt.Errorf("SO_MEMINFO returned %d bytes, no drop counter", size)
+	}
+	return info[unix.SK_MEMINFO_DROPS], nil
+}
