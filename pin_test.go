@@ -814,7 +814,7 @@ func TestPinnedSketchReadBack(t *testing.T) {
 			}
 			for due := int(rate*time.Since(start).Seconds()) - sent; due > 0; due-- {
 				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 6, 6, byte(1 + sent%40)}), uint16(40000+sent%40))
-				if err := unix.Sendto(raw.fd, ipv4Packet(src, srv.addr, nil, dnsQuery(uint16(sent), false)), 0, raw.dst); err != nil {
+				if err := raw.Send(ipv4Packet(src, srv.addr, nil, dnsQuery(uint16(sent), false))); err != nil {
 					sendErr <- err
 					return
 				}
