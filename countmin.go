@@ -1,7 +1,5 @@
 package rrl
 
-import "sync/atomic"
-
 // Rate estimation: the per-cell estimator and the hashing shared, operation for
 // operation, with filter_bpf.c. This file is the specification of those functions;
 // the C program must produce the same bits for the same inputs.
@@ -121,7 +119,8 @@ func sketchIndex(h uint64, row int) uint32 {
 }
 
 const (
-	// sketchDepth is the number of rows of every CountMin sketch.
+	// sketchDepth is the number of rows of every CountMin sketch (countMin.arrive
+	// writes the rows out).
 	sketchDepth = 2
 	// sketchWidthShift: every row has 1<<sketchWidthShift cells.
 	sketchWidthShift = 11
@@ -152,96 +151,67 @@ const (
 	sketchBytes = numNodes * sketchDepth * sketchWidth * cellBytes
 )
 
-// countMin is a CountMin sketch of decaying counts: depth rows of width cells, cell
-// (row, col) at index row*width+col, each cell a count and the time of its last
-// update as cellArrive keeps them. A key is hashed once (sketchHash); row r uses
-// column sketchColumn(h, r, width). An arrival updates one cell per row; a key's
-// estimate is the smallest of its cells, because every other key that shares a
-// cell can only add to it.
+// countMin is a CountMin sketch of decaying counts, one per lattice node: sketchDepth
+// rows of sketchWidth cells, cell (row, col) at index row*sketchWidth+col (the
+// layout of the kernel program's per-node arrays), each cell a count and the time of
+// its last update as cellArrive keeps them. A key is hashed once (sketchHash); row r
+// uses column sketchIndex(h, r). An arrival updates one cell per row; a key's count
+// is the smallest of its cells, because every other key that shares a cell can only
+// add to it.
 //
-// Memory: depth*width*cellBytes bytes (16 per cell), allocated once and never grown.
-// The Limiter's sketches are sketchDepth x sketchWidth: 2*2048*16 B = 64 KiB each.
+// Memory: sketchDepth*sketchWidth*cellBytes = 2*2048*16 B = 64 KiB, allocated with
+// the Limiter and never grown.
 //
 // Accuracy. The decay is linear in the count (the decayed sum of the arrivals that
 // hit a cell is the sum of their decayed counts, up to one truncation per update), so
 // the classic CountMin bound holds for the decayed counts and therefore for the
-// rates: a key's estimate is never below its own rate, and with probability at least
-// 1-e^-depth over the hash seed it exceeds it by at most (e/width) times the sum of
-// the rates of all keys in the sketch. With the Limiter's 2 x 2048 sketches that is
-// 0.13% of the node's total traffic, with probability 86%; beyond it, both rows must
-// collide with heavy keys. A hostile sender cannot aim at a victim's cells without
-// the per-Limiter seed.
+// rates: with width w and depth d, a key's estimate is never below its own rate, and
+// with probability at least 1-e^-d over the hash seed it exceeds it by at most
+// (e/w) times the sum of the rates of all keys in the sketch. With w = 2048 and
+// d = 2 that is 0.13% of the node's total traffic, with probability 86%; to exceed
+// it, both rows must collide with heavy keys. A hostile sender cannot aim at a
+// victim's cells without the per-Limiter seed. (countmin_test.go checks the bound
+// against exact per-key counts at this size and at smaller widths and other depths.)
 //
-// Concurrency: safe for concurrent use without locks. Each half of a cell is an
-// atomic word; an update is a load, cellArrive and a store, so two racing arrivals
-// on one cell can lose one of the two increments (an under-count of at most the
-// number of racing CPUs), exactly as the kernel program's shared maps do. Nothing
-// else can go wrong: a torn pair (count of one update, time of another) only shifts
-// the decay of one step.
-type countMin struct {
-	depth, width int
-	cells        []cmCell
-}
-
-// cmCell is one sketch cell: a Fixed count and the time of its last update in
-// nanoseconds.
-type cmCell struct {
-	count atomic.Uint64
-	last  atomic.Uint64
-}
-
-// newCountMin returns an empty sketch. width must be a power of two no larger than
-// 1<<16 (each row takes its own 16 bits of the hash) and depth at most 4.
-func newCountMin(depth, width int) *countMin {
-	if depth < 1 || depth > 4 || width < 1 || width > 1<<16 || width&(width-1) != 0 {
-		panic("rrl: bad CountMin dimensions")
-	}
-	return &countMin{depth: depth, width: width, cells: make([]cmCell, depth*width)}
-}
-
-// sketchColumn generalises sketchIndex to any power-of-two width up to 1<<16; for
-// width sketchWidth it is sketchIndex.
-func sketchColumn(h uint64, row, width int) uint32 {
-	return uint32(h>>(16*row)) & uint32(width-1)
-}
-
-// cell returns the cell of key hash h in row.
-func (s *countMin) cell(h uint64, row int) *cmCell {
-	return &s.cells[row*s.width+int(sketchColumn(h, row, s.width))]
-}
+// Concurrency: safe for concurrent use without locks. An update is a load,
+// cellArrive and a store per row (cmCell), so two racing arrivals on one cell can
+// lose one of the two increments (an under-count of at most the number of racing
+// CPUs), exactly as the kernel program's shared maps do. Nothing else can go wrong:
+// a pair mixed from two racing updates (count of one, time of the other) holds
+// times a few nanoseconds apart and only shifts one decay step by that much.
+type countMin [sketchDepth][sketchWidth]cmCell
 
 // arrive counts an arrival of the key with hash h at now and returns its count
-// including the arrival: the minimum over the rows (feed it to arrivalRate).
+// including the arrival: the minimum over the rows (feed it to arrivalRate). The two
+// rows are written out so that their memory accesses overlap.
 func (s *countMin) arrive(h, now uint64) Fixed {
-	least := FixedMax
-	for row := range s.depth {
-		c := s.cell(h, row)
-		count, last := cellArrive(Fixed(c.count.Load()), c.last.Load(), now)
-		c.count.Store(uint64(count))
-		c.last.Store(last)
-		least = min(least, count)
-	}
-	return least
+	c0 := &s[0][sketchIndex(h, 0)]
+	c1 := &s[1][sketchIndex(h, 1)]
+	count0, last0 := c0.load()
+	count1, last1 := c1.load()
+	count0, last0 = cellArrive(count0, last0, now)
+	count1, last1 = cellArrive(count1, last1, now)
+	c0.store(count0, last0)
+	c1.store(count1, last1)
+	return min(count0, count1)
 }
 
 // rate returns the estimated rate of the key with hash h at now, without counting an
 // arrival: the minimum of cellRate over the rows.
 func (s *countMin) rate(h, now uint64) Fixed {
 	least := FixedMax
-	for row := range s.depth {
-		c := s.cell(h, row)
-		least = min(least, cellRate(Fixed(c.count.Load()), c.last.Load(), now))
+	for row := range s {
+		count, last := s[row][sketchIndex(h, row)].load()
+		least = min(least, cellRate(count, last, now))
 	}
 	return least
 }
 
 // reset empties the sketch. Concurrent arrivals may survive it.
 func (s *countMin) reset() {
-	for i := range s.cells {
-		s.cells[i].count.Store(0)
-		s.cells[i].last.Store(0)
+	for row := range s {
+		for col := range s[row] {
+			s[row][col].store(0, 0)
+		}
 	}
 }
-
-// bytes is the sketch's memory in bytes.
-func (s *countMin) bytes() int { return len(s.cells) * cellBytes }

@@ -204,7 +204,7 @@ func TestCellBackwardsProperty(t *testing.T) {
 // TestStandingStill sends many arrivals at one instant: the count grows by exactly
 // one per arrival (a burst of n reads as n/tau, never as 1/0).
 func TestStandingStill(t *testing.T) {
-	s := newCountMin(sketchDepth, sketchWidth)
+	s := new(countMin)
 	const n = 100_000
 	now := uint64(3 * second)
 	var prev Fixed
@@ -224,18 +224,94 @@ func TestStandingStill(t *testing.T) {
 	}
 }
 
-func TestSketchColumn(t *testing.T) {
+// refSketch is a CountMin sketch of any power-of-two width up to 1<<16 and any depth
+// up to 4, written as plainly as possible: the reference for countMin (which is
+// refSketch at sketchDepth x sketchWidth, unrolled) and the means to check the
+// accuracy bound at sizes where collisions are common.
+type refSketch struct {
+	depth, width int
+	cells        []cmCell // row*width + col
+}
+
+func newRefSketch(depth, width int) *refSketch {
+	if depth < 1 || depth > 4 || width < 1 || width > 1<<16 || width&(width-1) != 0 {
+		panic("bad sketch dimensions")
+	}
+	return &refSketch{depth, width, make([]cmCell, depth*width)}
+}
+
+// column generalises sketchIndex to any width: each row takes its own 16 hash bits.
+func (s *refSketch) column(h uint64, row int) int {
+	return int(uint32(h>>(16*row)) & uint32(s.width-1))
+}
+
+func (s *refSketch) arrive(h, now uint64) Fixed {
+	least := FixedMax
+	for row := range s.depth {
+		c := &s.cells[row*s.width+s.column(h, row)]
+		count, last := c.load()
+		count, last = cellArrive(count, last, now)
+		c.store(count, last)
+		least = min(least, count)
+	}
+	return least
+}
+
+func (s *refSketch) rate(h, now uint64) Fixed {
+	least := FixedMax
+	for row := range s.depth {
+		count, last := s.cells[row*s.width+s.column(h, row)].load()
+		least = min(least, cellRate(count, last, now))
+	}
+	return least
+}
+
+type sketch interface {
+	arrive(h, now uint64) Fixed
+	rate(h, now uint64) Fixed
+}
+
+// TestCountMinMatchesReference runs countMin and refSketch of the same size on one
+// random sequence (clock jumps included) and compares every result and cell.
+func TestCountMinMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	for range 1000 {
-		h := r.Uint64()
-		for row := range sketchDepth {
-			if sketchColumn(h, row, sketchWidth) != sketchIndex(h, row) {
-				t.Fatalf("sketchColumn differs from sketchIndex for %#x row %d", h, row)
+	s, ref := new(countMin), newRefSketch(sketchDepth, sketchWidth)
+	now := uint64(second)
+	keys := make([]uint64, 5000)
+	for i := range keys {
+		keys[i] = sketchHash(r.Uint64(), 0, uint64(i), 0, 0)
+	}
+	for i := range 200_000 {
+		now += r.Uint64N(100_000)
+		if i%1000 == 0 {
+			now -= r.Uint64N(1_000_000) // a step back now and then
+		}
+		h := keys[r.IntN(len(keys))&^(r.IntN(2)*4095)] // half the arrivals on a few keys
+		if got, want := s.arrive(h, now), ref.arrive(h, now); got != want {
+			t.Fatalf("arrival %d: countMin %#x, reference %#x", i, uint64(got), uint64(want))
+		}
+		if got, want := s.rate(h, now+1e6), ref.rate(h, now+1e6); got != want {
+			t.Fatalf("arrival %d: countMin rate %#x, reference %#x", i, uint64(got), uint64(want))
+		}
+	}
+	for row := range sketchDepth {
+		for col := range sketchWidth {
+			c1, l1 := s[row][col].load()
+			c2, l2 := ref.cells[row*sketchWidth+col].load()
+			if c1 != c2 || l1 != l2 {
+				t.Fatalf("cell (%d, %d) differs", row, col)
 			}
 		}
 	}
-	if got, want := newCountMin(sketchDepth, sketchWidth).bytes(), sketchDepth*sketchWidth*cellBytes; got != want || got != 64<<10 {
-		t.Errorf("sketch bytes = %d, want %d (64 KiB)", got, want)
+	s.reset()
+	if s.rate(keys[0], now) != 0 {
+		t.Errorf("reset left a count")
+	}
+	if got := unsafe.Sizeof(countMin{}); got != 64<<10 {
+		t.Errorf("countMin is %d bytes, want 64 KiB", got)
+	}
+	if sketchBytes != 768<<10 {
+		t.Errorf("sketchBytes = %d, want 768 KiB", sketchBytes)
 	}
 	if unsafe.Sizeof(cmCell{}) != cellBytes {
 		t.Errorf("cell is %d bytes, want %d", unsafe.Sizeof(cmCell{}), cellBytes)
@@ -256,17 +332,20 @@ func TestCountMinBound(t *testing.T) {
 		{2, 64, 2000},
 		{2, 256, 2000},
 		{3, 256, 3000},
-		{sketchDepth, sketchWidth, 20000},
+		{sketchDepth, sketchWidth, 20000}, // the Limiter's own sketch, below
 	} {
-		checkCountMinBound(t, c.depth, c.width, c.keys, uint64(c.depth*1000+c.width))
+		var s sketch = newRefSketch(c.depth, c.width)
+		if c.depth == sketchDepth && c.width == sketchWidth {
+			s = new(countMin)
+		}
+		checkCountMinBound(t, s, c.depth, c.width, c.keys, uint64(c.depth*1000+c.width))
 	}
 }
 
-func checkCountMinBound(t *testing.T, depth, width, keys int, seed uint64) {
+func checkCountMinBound(t *testing.T, s sketch, depth, width, keys int, seed uint64) {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 99))
 	hashSeed := r.Uint64()
-	s := newCountMin(depth, width)
 	// Rates follow a Zipf-like law: key k at 2000/(k+1) pps, a few heavy keys and a
 	// long tail, total about 2000*ln(keys).
 	rates := make([]float64, keys)
@@ -332,7 +411,7 @@ func checkCountMinBound(t *testing.T, depth, width, keys int, seed uint64) {
 // detector) and checks that lost updates stay rare: the count is a decayed count,
 // so with the clock standing still it is the number of arrivals minus lost ones.
 func TestCountMinConcurrent(t *testing.T) {
-	s := newCountMin(sketchDepth, sketchWidth)
+	s := new(countMin)
 	const workers, n = 4, 20000
 	var wg sync.WaitGroup
 	for w := range workers {
