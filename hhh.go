@@ -67,6 +67,7 @@ import (
 type Limiter struct {
 	seedv  uint64
 	mix0   uint64 // mix64(seedv): the first step of sketchHash when hi is 0
+	mix00  uint64 // mix64(mix0): the first two steps when hi and lo are 0
 	sketch *[numNodes]countMin
 	params atomic.Pointer[limiterParams]
 	start  time.Time
@@ -195,7 +196,7 @@ func newLimiterSeed(cfg *Config, seed uint64) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Limiter{seedv: seed, mix0: mix64(seed), start: time.Now()}
+	l := &Limiter{seedv: seed, mix0: mix64(seed), mix00: mix64(mix64(seed)), start: time.Now()}
 	l.sketch = new([numNodes]countMin)
 	l.params.Store(p)
 	return l, nil
@@ -228,7 +229,8 @@ func newLimiterParams(cfg *Config) (*limiterParams, error) {
 				return nil, fmt.Errorf("rrl: request level /%d out of range", lv.PrefixLen)
 			}
 			n := first + i
-			p.limit[n] = FixedFromFloat(lv.Limit)
+			// A positive limit too small for a Fixed is the smallest one, not 0 (off).
+			p.limit[n] = max(FixedFromFloat(lv.Limit), 1)
 			p.prefix[n] = lv.PrefixLen
 			p.name[n] = tag | LimiterNode(lv.PrefixLen)
 		}
@@ -319,13 +321,13 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) Verdict {
 		}
 	}
 	if lim := p.limit[nodePort]; lim != 0 {
-		h := mix64(mix64(l.mix0) ^ (uint64(src.Port())<<8 | nodePort))
+		h := mix64(l.mix00 ^ (uint64(src.Port())<<8 | nodePort))
 		if l.judge(nodePort, h, t, u, lim) && decider < 0 {
 			decider = nodePort
 		}
 	}
 	if lim := p.limit[nodeTotal]; lim != 0 {
-		h := mix64(mix64(l.mix0) ^ nodeTotal)
+		h := mix64(l.mix00 ^ nodeTotal)
 		if l.judge(nodeTotal, h, t, u, lim) && decider < 0 {
 			decider = nodeTotal
 		}
