@@ -293,43 +293,58 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) Verdict {
 			return Verdict{Allowed: true, Exempt: true, node: -1}
 		}
 	}
-	t := uint64(max(now, 0))
-	u := Fixed(rand) // the draw as a fraction in [0, 1)
-	decider := -1
+	// First the key hashes of the packet's active nodes, in order: its family's
+	// levels, finest first, then the port and total nodes.
+	var hs [maxRequestLevel + 2]uint64
+	var ns [maxRequestLevel + 2]uint8
+	k := 0
 	if addr.Is4() {
 		st.judged[0].Add(1)
 		a4 := addr.As4()
 		a := uint64(binary.BigEndian.Uint32(a4[:]))
-		// sketchHash with hi = 0: its first step depends on the seed alone.
-		m0 := l.mix0
-		for n := nodeIPv4First; n < nodeIPv4First+p.levels[0]; n++ {
-			lo := a &^ (math.MaxUint32 >> p.prefix[n])
-			h := mix64(mix64(m0^lo) ^ uint64(n))
-			if l.judge(n, h, t, u, p.limit[n]) && decider < 0 {
-				decider = n
-			}
+		for i := range min(p.levels[0], maxRequestLevel) {
+			n := nodeIPv4First + i
+			// sketchHash(seed, 0, lo, 0, n); with hi = 0 its first step is mix0.
+			hs[k] = mix64(mix64(l.mix0^(a&^(math.MaxUint32>>p.prefix[n]))) ^ uint64(n))
+			ns[k] = uint8(n)
+			k++
 		}
 	} else {
 		st.judged[1].Add(1)
 		a16 := addr.As16()
 		hi, lo := binary.BigEndian.Uint64(a16[:8]), binary.BigEndian.Uint64(a16[8:])
-		for n := nodeIPv6First; n < nodeIPv6First+p.levels[1]; n++ {
+		// sketchHash(seed, mhi, mlo, 0, n), its first step shared by consecutive
+		// levels with the same masked hi (all levels of /64 and longer).
+		prevHi, h1 := hi, mix64(l.seedv^hi)
+		for i := range min(p.levels[1], maxRequestLevel) {
+			n := nodeIPv6First + i
 			mhi, mlo := maskIPv6(hi, lo, p.prefix[n])
-			if l.judge(n, sketchHash(l.seedv, mhi, mlo, 0, uint8(n)), t, u, p.limit[n]) && decider < 0 {
-				decider = n
+			if mhi != prevHi {
+				prevHi, h1 = mhi, mix64(l.seedv^mhi)
 			}
+			hs[k] = mix64(mix64(h1^mlo) ^ uint64(n))
+			ns[k] = uint8(n)
+			k++
 		}
 	}
-	if lim := p.limit[nodePort]; lim != 0 {
-		h := mix64(l.mix00 ^ (uint64(src.Port())<<8 | nodePort))
-		if l.judge(nodePort, h, t, u, lim) && decider < 0 {
-			decider = nodePort
-		}
+	if p.limit[nodePort] != 0 {
+		hs[k], ns[k] = mix64(l.mix00^(uint64(src.Port())<<8|nodePort)), nodePort
+		k++
 	}
-	if lim := p.limit[nodeTotal]; lim != 0 {
-		h := mix64(l.mix00 ^ nodeTotal)
-		if l.judge(nodeTotal, h, t, u, lim) && decider < 0 {
-			decider = nodeTotal
+	if p.limit[nodeTotal] != 0 {
+		hs[k], ns[k] = mix64(l.mix00^nodeTotal), nodeTotal
+		k++
+	}
+	// Then every node counts the arrival, and the first node whose limit the draw
+	// exceeds (u*rate >= limit) decides.
+	t := uint64(max(now, 0))
+	u := Fixed(rand) // the draw as a fraction in [0, 1)
+	decider := -1
+	for j := range k {
+		n := ns[j]
+		c := l.sketch[n].arrive(hs[j], t)
+		if decider < 0 && u.Mul(arrivalRate(c)) >= p.limit[n] {
+			decider = int(n)
 		}
 	}
 	if decider < 0 {
@@ -337,12 +352,6 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) Verdict {
 	}
 	st.limited[decider].Add(1)
 	return Verdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
-}
-
-// judge counts an arrival at time t in node n's sketch under key hash h, and reports
-// whether the draw u limits it: u*rate >= limit.
-func (l *Limiter) judge(n int, h, t uint64, u, limit Fixed) bool {
-	return u.Mul(arrivalRate(l.sketch[n].arrive(h, t))) >= limit
 }
 
 // maskIPv6 keeps the first bits bits of the 128-bit address hi:lo.

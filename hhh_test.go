@@ -6,9 +6,12 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // ---- Simulation harness: Poisson flows on simulated time, seeded draws ----
@@ -265,6 +268,7 @@ func effectivenessCases() []effCase {
 func TestLimiterEffectiveness(t *testing.T) {
 	for i, c := range effectivenessCases() {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			l := testLimiter(t, simL)
 			res := simulate(l, append(c.attack, c.legit...), uint64(100+i), 1, simStop)
 			a := res["attack"]
@@ -805,6 +809,42 @@ func benchSources(ipv6 bool, n int) []netip.AddrPort {
 	return out
 }
 
+// threadCPU returns the CPU time used so far by the calling OS thread (Linux
+// RUSAGE_THREAD), which unlike wall time is not inflated when other processes share
+// the machine's cores; ok is false elsewhere.
+func threadCPU() (d time.Duration, ok bool) {
+	const rusageThread = 1 // RUSAGE_THREAD on Linux
+	if runtime.GOOS != "linux" {
+		return 0, false
+	}
+	var ru syscall.Rusage
+	if syscall.Getrusage(rusageThread, &ru) != nil {
+		return 0, false
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
+}
+
+// benchLoop runs body in b.Loop on a locked thread and reports, besides ns/op, the
+// thread's CPU time per call and the Limiter's memory.
+func benchLoop(b *testing.B, l *Limiter, body func(i int)) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b.ReportAllocs()
+	var c0 time.Duration
+	i := 0
+	for b.Loop() {
+		if i == 0 {
+			c0, _ = threadCPU()
+		}
+		body(i)
+		i++
+	}
+	if c1, ok := threadCPU(); ok && i > 1 {
+		b.ReportMetric(float64(c1-c0)/float64(i-1), "cpu-ns/op")
+	}
+	b.ReportMetric(float64(l.MemoryBytes()), "sketch-bytes")
+}
+
 func BenchmarkLimiter(b *testing.B) {
 	for _, fam := range []string{"ipv4", "ipv6"} {
 		for _, c := range []struct {
@@ -815,26 +855,18 @@ func BenchmarkLimiter(b *testing.B) {
 			mask := len(srcs) - 1
 			b.Run(fam+"/"+c.name+"/AllowAt", func(b *testing.B) {
 				l := testLimiter(b, 100)
-				b.ReportAllocs()
-				b.ReportMetric(float64(l.MemoryBytes()), "sketch-bytes")
-				now := simT0
-				for i := 0; b.Loop(); i++ {
-					now += 1000 // 1 Mpps
-					l.AllowAt(srcs[i&mask], now, uint32(i)*2654435761)
-				}
+				benchLoop(b, l, func(i int) {
+					// 1 Mpps of simulated time, draws from a multiplicative hash.
+					l.AllowAt(srcs[i&mask], simT0+int64(i)*1000, uint32(i)*2654435761)
+				})
 			})
 			b.Run(fam+"/"+c.name+"/Allow", func(b *testing.B) {
 				l := testLimiter(b, 100)
-				b.ReportAllocs()
-				b.ReportMetric(float64(l.MemoryBytes()), "sketch-bytes")
-				for i := 0; b.Loop(); i++ {
-					l.Allow(srcs[i&mask])
-				}
+				benchLoop(b, l, func(i int) { l.Allow(srcs[i&mask]) })
 			})
 			b.Run(fam+"/"+c.name+"/AllowParallel", func(b *testing.B) {
 				l := testLimiter(b, 100)
 				b.ReportAllocs()
-				b.ReportMetric(float64(l.MemoryBytes()), "sketch-bytes")
 				b.RunParallel(func(pb *testing.PB) {
 					i := rand.IntN(len(srcs))
 					for pb.Next() {
@@ -842,6 +874,7 @@ func BenchmarkLimiter(b *testing.B) {
 						i++
 					}
 				})
+				b.ReportMetric(float64(l.MemoryBytes()), "sketch-bytes")
 			})
 		}
 	}
