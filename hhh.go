@@ -32,7 +32,7 @@ import (
 // limit can still be trimmed by its /24's, and everything outside an over-limit
 // group is untouched. IPv4-mapped IPv6 sources count as IPv4; sources in
 // exempt-clients pass uncounted; with report-only every packet passes and the
-// Verdict says what would have happened.
+// LimiterVerdict says what would have happened.
 //
 // Estimator. Each node has a CountMin sketch (2 rows of 2048 cells, keyed by a
 // per-Limiter random seed) whose cells hold an exponentially decayed count with a
@@ -46,11 +46,18 @@ import (
 // by NewLimiter. No per-source state exists, so spoofed random sources cannot fill a
 // table.
 //
+// Because dropped packets count too (an attacker cannot lower its measured rate by
+// being dropped), a group far over its limit also loads the coarser groups that
+// contain it: a /24 sending 20 times requests-per-second keeps its /16 (limit 16
+// times by default) over its limit, so other networks in that /16 are trimmed too,
+// to 16/20 of their traffic; networks outside it are untouched.
+//
 // Concurrency. All methods are safe for concurrent use and take no locks on the
-// per-packet path (Allow, AllowAt, DecideAt): cells are atomic words updated by
-// load, compute and store, so simultaneous arrivals on one cell may occasionally
-// count once instead of twice, as in the kernel's shared maps. Update may be called
-// while packets are being judged.
+// per-packet path (Allow, AllowAt, DecideAt): each sketch cell is updated by a
+// load, a computation and a store of its two words, so simultaneous arrivals on one
+// cell may occasionally count once instead of twice, as in the kernel's shared
+// maps (see cmCell). The counters are atomic. Update may be called while packets are
+// being judged.
 //
 // Use. With the kernel filter attached, the kernel does this work and the server
 // does nothing. Without it (no CAP_BPF), call Allow with the source of every query
@@ -94,7 +101,7 @@ type statShard struct {
 	judged  [2]atomic.Uint64 // IPv4, IPv6
 	exempt  atomic.Uint64
 	limited [numNodes]atomic.Uint64
-	_       [128 - 15*8]byte
+	_       [128 - (3+numNodes)*8]byte // to a multiple of the cache line
 }
 
 // LimiterNode names a node of the request limiter: a source prefix level of one
@@ -136,8 +143,8 @@ func (n LimiterNode) String() string {
 	return fmt.Sprintf("LimiterNode(%d)", uint16(n))
 }
 
-// Verdict is the outcome of judging one packet.
-type Verdict struct {
+// LimiterVerdict is the outcome of judging one packet.
+type LimiterVerdict struct {
 	// Allowed reports whether the server should process the packet. It is always
 	// true in report-only mode.
 	Allowed bool
@@ -280,17 +287,17 @@ func (l *Limiter) AllowAt(src netip.AddrPort, now int64, rand uint32) bool {
 
 // DecideAt is AllowAt with the full verdict: which node limited the packet. A source
 // that is not a valid address is passed uncounted.
-func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) Verdict {
+func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVerdict {
 	p := l.params.Load()
 	addr := src.Addr().Unmap()
 	st := &l.stats[rand%statShards]
 	if !addr.IsValid() {
-		return Verdict{Allowed: true, node: -1}
+		return LimiterVerdict{Allowed: true, node: -1}
 	}
 	for _, e := range p.exempt {
 		if e.Contains(addr) {
 			st.exempt.Add(1)
-			return Verdict{Allowed: true, Exempt: true, node: -1}
+			return LimiterVerdict{Allowed: true, Exempt: true, node: -1}
 		}
 	}
 	// First the key hashes of the packet's active nodes, in order: its family's
@@ -348,10 +355,10 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) Verdict {
 		}
 	}
 	if decider < 0 {
-		return Verdict{Allowed: true, node: -1}
+		return LimiterVerdict{Allowed: true, node: -1}
 	}
 	st.limited[decider].Add(1)
-	return Verdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
+	return LimiterVerdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
 }
 
 // maskIPv6 keeps the first bits bits of the 128-bit address hi:lo.
@@ -419,4 +426,4 @@ func (l *Limiter) nodeLimit(node int) Fixed { return l.params.Load().limit[node]
 func (l *Limiter) nodePrefix(node int) int { return l.params.Load().prefix[node] }
 
 // nodeIndex returns the sketch index of the node that limited the packet, -1 for none.
-func (v Verdict) nodeIndex() int { return int(v.node) }
+func (v LimiterVerdict) nodeIndex() int { return int(v.node) }
