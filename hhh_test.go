@@ -746,6 +746,45 @@ func TestLimiterMatchesReference(t *testing.T) {
 	}
 }
 
+// FuzzLimiterDecide feeds arbitrary packets (any address, mapped or not, any port,
+// any time including negative and backwards, any draw) to a Limiter with every node
+// active and to the reference, which must agree and never panic.
+func FuzzLimiterDecide(f *testing.F) {
+	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xc6\x33\x64\x01\x00\x35\x00\x00\x00\x01\xff\xff\xff\xff"))
+	f.Add(make([]byte, 26*40))
+	cfg := NewConfig()
+	for _, kv := range [][2]string{
+		{"requests-per-second", "3"}, {"total-requests-per-second", "50"}, {"source-port-factor", "2"},
+		{"ipv4-request-levels", "32:1 28:2 8:100 1:1000"}, {"ipv6-request-levels", "128:1 96:2 17:50 1:1000"},
+	} {
+		if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+			f.Fatal(err)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		l, err := newLimiterSeed(cfg, 42)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := newRefLimiter(cfg, 42)
+		for ; len(data) >= 26; data = data[26:] {
+			a := netip.AddrFrom16([16]byte(data[:16]))
+			if data[25]&1 == 0 {
+				a = a.Unmap()
+			}
+			src := netip.AddrPortFrom(a, uint16(data[16])<<8|uint16(data[17]))
+			// Milliseconds from a signed pair: negative, repeated and backward times.
+			now := int64(int16(uint16(data[18])<<8|uint16(data[19]))) * 1_000_000
+			draw := uint32(data[20])<<24 | uint32(data[21])<<16 | uint32(data[22])<<8 | uint32(data[23])
+			v := l.DecideAt(src, now, draw)
+			ok, node := ref.decide(src, now, draw)
+			if v.Allowed != ok || v.nodeIndex() != node {
+				t.Fatalf("%v at %d draw %#x: %+v, reference %v %d", src, now, draw, v, ok, node)
+			}
+		}
+	})
+}
+
 // ---- Concurrency ----
 
 func TestLimiterConcurrent(t *testing.T) {
