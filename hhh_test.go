@@ -387,6 +387,42 @@ func TestLimiterOnsetAndRelease(t *testing.T) {
 	}
 }
 
+// TestLimiterNearLimit documents the soft edge of the limit for a single random
+// (Poisson) source: the rate estimate of a source at rate r has a relative standard
+// deviation of 1/sqrt(2*r*tau) (11% at 100 pps, 36% at 10 pps), so a source just under
+// its limit loses a little and one just over it is trimmed to about the limit. With
+// L = 100 (100 s of simulated time each): 0.7L loses nothing, 0.8L 0.1%, 0.9L about
+// 1%, L about 4%, and 1.2L is admitted at L. With L = 10 the edge is wider: 0.5L
+// loses about 1.4%, L about 18%.
+func TestLimiterNearLimit(t *testing.T) {
+	for _, c := range []struct {
+		limit, factor float64
+		maxLoss       float64 // loss must be below
+		minLoss       float64 // and at least this (the edge is soft, not absent)
+	}{
+		{100, 0.7, 0.0005, 0},
+		{100, 0.8, 0.005, 0},
+		{100, 0.9, 0.02, 0.002},
+		{100, 1.0, 0.07, 0.02},
+		{10, 0.5, 0.03, 0.002},
+		{10, 1.0, 0.25, 0.08},
+	} {
+		l := testLimiter(t, c.limit)
+		rate := c.factor * c.limit
+		res := simulate(l, []simFlow{{"s", rate, 0, 101, oneOf(v4(192, 0, 2, 1))}}, 9, 1, 101)
+		loss := 1 - float64(res["s"].passed)/float64(res["s"].sent)
+		t.Logf("L=%g, source at %.1fL: loss %.3f%%", c.limit, c.factor, 100*loss)
+		if loss >= c.maxLoss || loss < c.minLoss {
+			t.Errorf("L=%g, source at %.1fL: loss %.3f%%, want [%g%%, %g%%)", c.limit, c.factor, 100*loss, 100*c.minLoss, 100*c.maxLoss)
+		}
+	}
+	l := testLimiter(t, 100)
+	res := simulate(l, []simFlow{{"s", 120, 0, 101, oneOf(v4(192, 0, 2, 1))}}, 9, 1, 101)
+	if got := float64(res["s"].passed) / 100; got < 95 || got > 105 {
+		t.Errorf("source at 1.2L admitted at %.1f pps, want 100 ±5%%", got)
+	}
+}
+
 // ---- Semantics ----
 
 func TestLimiterNodes(t *testing.T) {
