@@ -423,6 +423,53 @@ func TestLimiterNearLimit(t *testing.T) {
 	}
 }
 
+// TestLimiterReleaseTime measures how long a source stays limited after it stops
+// sending: its count decays by half every H = 268 ms, so a source that ran at k
+// times its limit stays over it for H*log2(k): 0.89 s at 10x, 1.78 s at 100x, 2.67 s
+// at 1000x. "Released within 2 s" therefore holds up to 176 times the limit; beyond,
+// release takes 268 ms more for every further doubling. The estimates are read
+// every 10 ms without counting (countMin.rate) at all of the source's nodes.
+func TestLimiterReleaseTime(t *testing.T) {
+	const h = float64(1<<halfLifeShift) / second
+	src := netip.MustParseAddrPort("198.51.100.7:40000")
+	for _, k := range []float64{10, 100, 1000} {
+		l := testLimiter(t, simL)
+		r := rand.New(rand.NewPCG(uint64(k), 1))
+		at := 0.0
+		for at < 3 { // 3 s at k*L, Poisson
+			at += r.ExpFloat64() / (k * simL)
+			l.AllowAt(src, simT0+int64(at*second), r.Uint32())
+		}
+		stop, release := at, -1.0
+		for probe := stop; probe < stop+5; probe += 0.01 {
+			if overLimit(l, src, uint64(simT0+int64(probe*second))) < 1 {
+				release = probe - stop
+				break
+			}
+		}
+		want := h * math.Log2(k)
+		t.Logf("source at %gx its limit: released %.2f s after stopping (predicted %.2f s)", k, release, want)
+		if math.Abs(release-want) > 0.1 {
+			t.Errorf("source at %gx its limit released after %.2f s, want %.2f ±0.1 s", k, release, want)
+		}
+	}
+}
+
+// overLimit returns the largest rate/limit over the nodes of an IPv4 source, read at
+// now without counting an arrival.
+func overLimit(l *Limiter, src netip.AddrPort, now uint64) float64 {
+	worst := 0.0
+	p := l.params.Load()
+	for n := range p.levels[0] {
+		b := netip.PrefixFrom(src.Addr(), p.prefix[n]).Masked().Addr().As4()
+		key := uint64(b[0])<<24 | uint64(b[1])<<16 | uint64(b[2])<<8 | uint64(b[3])
+		rate := l.sketch[n].rate(sketchHash(l.seed(), 0, key, 0, uint8(n)), now)
+		worst = max(worst, rate.Float64()/p.limit[n].Float64())
+	}
+	rate := l.sketch[nodePort].rate(sketchHash(l.seed(), 0, 0, src.Port(), nodePort), now)
+	return max(worst, rate.Float64()/p.limit[nodePort].Float64())
+}
+
 // ---- Semantics ----
 
 func TestLimiterNodes(t *testing.T) {
