@@ -629,10 +629,8 @@ func TestLimiterUpdate(t *testing.T) {
 	simulate(l, []simFlow{{"attack", 10 * simL, 0, 3, heavy}}, 1, 0, 3)
 	before := snapshotCells(l)
 	cfg := NewConfig()
-	for _, kv := range [][2]string{{"requests-per-second", "200"}} {
-		if err := cfg.SetValue(kv[0], kv[1]); err != nil {
-			t.Fatal(err)
-		}
+	if err := cfg.SetValue("requests-per-second", "200"); err != nil {
+		t.Fatal(err)
 	}
 	if err := l.Update(cfg); err != nil {
 		t.Fatal(err)
