@@ -76,6 +76,8 @@ import (
 //
 // AllowAt and DecideAt take the clock and the random draw as arguments, for tests
 // and for replaying the kernel program's inputs.
+//
+// Create a Limiter with NewLimiter; the zero value is not usable.
 type Limiter struct {
 	seedv  uint64
 	mix0   uint64 // mix64(seedv): the first step of sketchHash when hi is 0
