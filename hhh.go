@@ -376,7 +376,9 @@ func maskIPv6(hi, lo uint64, bits int) (uint64, uint64) {
 	return hi &^ (math.MaxUint64 >> bits), 0
 }
 
-// Stats returns the Limiter's counters.
+// Stats returns the Limiter's counters since it was made. Counters are kept per
+// node position, so after an Update that adds or removes levels a node's count
+// includes what the level previously at its position limited.
 func (l *Limiter) Stats() LimiterStats {
 	p := l.params.Load()
 	var s LimiterStats
