@@ -261,18 +261,18 @@ func applyClassic(conn syscall.Conn, cfg *Config) error {
 }
 
 // latticeOf returns every node's limit and prefix length under cfg: the table the
-// kernel reads from its settings map and the Go Limiter keeps.
+// kernel reads from its settings map, taken from the Go Limiter's own parameters so
+// that the two cannot disagree.
 func latticeOf(cfg *Config) (limits [numNodes]Fixed, prefixes [numNodes]uint8) {
-	for i, l := range cfg.requestLevels(true) {
-		limits[nodeIPv4First+i] = FixedFromFloat(l.Limit)
-		prefixes[nodeIPv4First+i] = uint8(l.PrefixLen)
+	p, err := newLimiterParams(cfg)
+	if err != nil {
+		// SetValue only makes valid Configs; an invalid one limits nothing.
+		return limits, prefixes
 	}
-	for i, l := range cfg.requestLevels(false) {
-		limits[nodeIPv6First+i] = FixedFromFloat(l.Limit)
-		prefixes[nodeIPv6First+i] = uint8(l.PrefixLen)
+	for n := range limits {
+		limits[n] = p.limit[n]
+		prefixes[n] = uint8(p.prefix[n])
 	}
-	limits[nodePort] = FixedFromFloat(cfg.requestsPerSecond * cfg.sourcePortFactor)
-	limits[nodeTotal] = FixedFromFloat(cfg.totalRequests)
 	return limits, prefixes
 }
 

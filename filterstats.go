@@ -35,21 +35,6 @@ func (s FilterStats) Dropped() uint64 {
 	return s.Seen - s.Passed
 }
 
-// nodeName names a lattice node for statistics and logs.
-func nodeName(node int, prefix uint8) string {
-	switch {
-	case node >= nodeIPv4First && node < nodeIPv4First+maxRequestLevel:
-		return fmt.Sprintf("ipv4/%d", prefix)
-	case node >= nodeIPv6First && node < nodeIPv6First+maxRequestLevel:
-		return fmt.Sprintf("ipv6/%d", prefix)
-	case node == nodePort:
-		return "port"
-	case node == nodeTotal:
-		return "total"
-	}
-	return fmt.Sprintf("node%d", node)
-}
-
 // Stats returns the filter's counters. In ModeClassic the classic prefilter keeps no
 // counters and only Mode is set.
 func (f *Filter) Stats() (FilterStats, error) {
@@ -72,14 +57,18 @@ func (f *Filter) Stats() (FilterStats, error) {
 	st.Seen, st.Passed, st.NotDNS = sum[counterSeen], sum[counterPassed], sum[counterNotDNS]
 	st.DroppedShort, st.DroppedResponse, st.DroppedReflection = sum[counterDropShort], sum[counterDropResponse], sum[counterDropReflection]
 	st.Exempt, st.ReportOnly, st.Errors = sum[counterExempt], sum[counterReportOnly], sum[counterError]
-	limits, prefixes := latticeOf(f.cfg)
+	p, err := newLimiterParams(f.cfg)
+	if err != nil {
+		return st, err
+	}
 	for n := 0; n < numNodes; n++ {
-		if limits[n] == 0 && sum[counterLimitedNode0+n] == 0 {
+		limit := p.limit[n]
+		if limit == 0 && sum[counterLimitedNode0+n] == 0 {
 			continue
 		}
 		st.Nodes = append(st.Nodes, NodeStats{
-			Node:    nodeName(n, prefixes[n]),
-			Limit:   limits[n].Float64(),
+			Node:    p.name[n].String(),
+			Limit:   limit.Float64(),
 			Limited: sum[counterLimitedNode0+n],
 		})
 	}
@@ -103,3 +92,17 @@ const (
 
 // The counters struct generated from filter_bpf.c must have one slot per counter.
 var _ [counterMax]struct{} = [len(filterCounters{}.Value)]struct{}{}
+
+// nodeName names lattice node number node, whose prefix length is prefix, as a
+// LimiterNode does.
+func nodeName(node int, prefix uint8) string {
+	switch {
+	case node < nodeIPv6First:
+		return (nodeTagIPv4 | LimiterNode(prefix)).String()
+	case node < nodePort:
+		return (nodeTagIPv6 | LimiterNode(prefix)).String()
+	case node == nodePort:
+		return NodePort.String()
+	}
+	return NodeTotal.String()
+}

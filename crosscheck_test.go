@@ -1,0 +1,134 @@
+package rrl
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// TestKernelMatchesModel replays one packet sequence, with the same clock readings and
+// random draws, through the Go Limiter and through the kernel program under
+// BPF_PROG_TEST_RUN, and requires the same verdict for every packet and the same
+// sketch cells at the end, for IPv4 and IPv6 sources.
+func TestKernelMatchesModel(t *testing.T) {
+	configs := []struct {
+		name   string
+		values [][2]string
+	}{
+		{"defaults with a capacity", [][2]string{{"requests-per-second", "100"}, {"total-requests-per-second", "2000"}}},
+		{"custom levels, port factor, exempt clients", [][2]string{
+			{"requests-per-second", "50"}, {"ipv4-prefix-length", "22"}, {"ipv4-request-levels", "32:2 8:40"},
+			{"ipv6-prefix-length", "60"}, {"ipv6-request-levels", "128:1 48:8 32:30"}, {"source-port-factor", "3"},
+			{"exempt-clients", "10.1.0.0/16 fd00:0:1::/48"}}},
+		{"report-only", [][2]string{{"requests-per-second", "20"}, {"report-only", "true"}}},
+	}
+	for i, c := range configs {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := NewConfig()
+			for _, kv := range c.values {
+				if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			crossCheck(t, cfg, uint64(0x5eed5eed12345678+i), c.name != "report-only")
+		})
+	}
+}
+
+func crossCheck(t *testing.T, cfg *Config, seed uint64, wantDrops bool) {
+	objs := loadTestObjects(t)
+	model, err := newLimiterSeed(cfg, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := kernelSettings(cfg, seed)
+	for n := 0; n < numNodes; n++ {
+		if Fixed(settings.Limit[n]) != model.nodeLimit(n) || int(settings.Prefix[n]) != model.nodePrefix(n) && model.nodeLimit(n) != 0 {
+			t.Fatalf("node %d: kernel limit %d /%d, model %d /%d", n, settings.Limit[n], settings.Prefix[n], model.nodeLimit(n), model.nodePrefix(n))
+		}
+	}
+	if err := objs.Settings.Put(uint32(0), settings); err != nil {
+		t.Fatal(err)
+	}
+	if err := replaceExempt(objs.Exempt4, objs.Exempt6, cfg.exempt); err != nil {
+		t.Fatal(err)
+	}
+
+	r := rand.New(rand.NewPCG(3, 4))
+	dst4 := netip.MustParseAddrPort("127.0.0.1:53")
+	dst6 := netip.MustParseAddrPort("[fd00::53]:53")
+	var sources []netip.AddrPort
+	for i := 0; i < 40; i++ {
+		sources = append(sources,
+			netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i % 3), byte(i % 5), byte(i)}), uint16(1024+r.IntN(60000))),
+			netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfd, 0, byte(i % 2), 0, 0, byte(i % 4), 0, byte(i % 7), 15: byte(i)}), uint16(1024+r.IntN(60000))),
+		)
+	}
+	sources = append(sources, netip.MustParseAddrPort("[::ffff:10.9.9.9]:4444")) // IPv4-mapped counts as IPv4
+	now := int64(1_000_000_000)
+	passes, drops := 0, 0
+	for i := 0; i < 4000; i++ {
+		switch x := r.IntN(100); {
+		case x < 3: // time steps backwards
+			now -= r.Int64N(50_000_000)
+		case x < 6: // time stands still
+		default:
+			now += r.Int64N(2_000_000)
+		}
+		src := sources[r.IntN(len(sources))]
+		if r.IntN(4) == 0 {
+			src = sources[0] // one heavy source
+		}
+		rnd := r.Uint32()
+		want := model.AllowAt(src, now, rnd)
+
+		var pkt []byte
+		if src.Addr().Is4() {
+			pkt = ethFrame(unix.ETH_P_IP, ipv4Packet(src, dst4, nil, dnsQuery(uint16(i), false)))
+		} else {
+			pkt = ethFrame(unix.ETH_P_IPV6, ipv6Packet(src, dst6, i%2 == 0, dnsQuery(uint16(i), i%3 == 0)))
+		}
+		if err := objs.TestInput.Put(uint32(0), &filterTestInput{Now: uint64(max(now, 0)), Rnd: rnd}); err != nil {
+			t.Fatal(err)
+		}
+		ret, err := objs.FilterTest.Run(&ebpf.RunOptions{Data: pkt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ret != 0; got != want {
+			t.Fatalf("packet %d from %v at %d draw %#x: kernel pass=%v, model pass=%v", i, src, now, rnd, got, want)
+		}
+		if want {
+			passes++
+		} else {
+			drops++
+		}
+	}
+	if passes == 0 || (drops == 0) == wantDrops {
+		t.Fatalf("sequence did not exercise both verdicts: %d passed, %d dropped", passes, drops)
+	}
+
+	var idx uint32
+	var c filterCell
+	cells := 0
+	it := objs.Cells.Iterate()
+	for it.Next(&idx, &c) {
+		node := int(idx) / (sketchDepth * sketchWidth)
+		row := int(idx) / sketchWidth % sketchDepth
+		col := idx % sketchWidth
+		count, last := model.cell(node, row, col)
+		if uint64(count) != c.Count || last != c.Last {
+			t.Fatalf("cell node %d row %d col %d: kernel (%d, %d), model (%d, %d)", node, row, col, c.Count, c.Last, count, last)
+		}
+		if c.Count != 0 {
+			cells++
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d packets: %d passed, %d dropped; %d non-empty cells identical", passes+drops, passes, drops, cells)
+}
