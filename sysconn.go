@@ -69,16 +69,26 @@ func checkUDPSocket(fd int) error {
 // full (SK_MEMINFO_DROPS of SO_MEMINFO). Tests use it to tell when every packet sent
 // has been either delivered or dropped, without waiting for a timeout.
 func socketDrops(fd int) (uint32, error) {
+	info, err := socketMeminfo(fd)
+	if err != nil {
+		return 0, err
+	}
+	return info[unix.SK_MEMINFO_DROPS], nil
+}
+
+// socketMeminfo returns the socket's memory counters (SO_MEMINFO), indexed by
+// unix.SK_MEMINFO_*.
+func socketMeminfo(fd int) ([unix.SK_MEMINFO_VARS]uint32, error) {
 	var info [unix.SK_MEMINFO_VARS]uint32
 	size := uint32(unsafe.Sizeof(info))
 	// x/sys/unix has no getsockopt for an array of integers.
 	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET,
 		unix.SO_MEMINFO, uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&size)), 0)
 	if errno != 0 {
-		return 0, errno
+		return info, errno
 	}
 	if size <= unix.SK_MEMINFO_DROPS*4 {
-		return 0, fmt.Errorf("SO_MEMINFO returned %d bytes, no drop counter", size)
+		return info, fmt.Errorf("SO_MEMINFO returned %d bytes, no drop counter", size)
 	}
-	return info[unix.SK_MEMINFO_DROPS], nil
+	return info, nil
 }

@@ -1,0 +1,64 @@
+package rrl
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestFilterFootprint reports what the eBPF filter costs in kernel memory and checks
+// that attaching it needs no net.core.optmem_max tuning: the socket option memory
+// charged for the filter stays far below the default limit, and the maps stay within
+// 1 MiB, shared by every socket of the Filter.
+func TestFilterFootprint(t *testing.T) {
+	requireBPF(t)
+	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+	var before [unix.SK_MEMINFO_VARS]uint32
+	if err := control(srv.conn, func(fd int) (err error) { before, err = socketMeminfo(fd); return }); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Attach(srv.conn, NewConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var after [unix.SK_MEMINFO_VARS]uint32
+	if err := control(srv.conn, func(fd int) (err error) { after, err = socketMeminfo(fd); return }); err != nil {
+		t.Fatal(err)
+	}
+	optmem := int(after[unix.SK_MEMINFO_OPTMEM]) - int(before[unix.SK_MEMINFO_OPTMEM])
+
+	info, err := f.objs.Program.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	jited, _ := info.JitedSize()
+	insns, _ := info.TranslatedSize()
+	var mapBytes uint64
+	for name, m := range map[string]interface {
+		ValueSize() uint32
+		MaxEntries() uint32
+	}{"cells": f.objs.Cells, "settings": f.objs.Settings} {
+		b := uint64(m.ValueSize()) * uint64(m.MaxEntries())
+		mapBytes += b
+		t.Logf("map %s: %d bytes", name, b)
+	}
+	t.Logf("socket option memory for the filter: %d bytes; program: %d bytes translated, %d bytes JIT-compiled; array maps: %d bytes (plus per-CPU counters and the exempt tries)",
+		optmem, insns, jited, mapBytes)
+
+	limit := 20480 // the kernel's default net.core.optmem_max before 6.9
+	if b, err := os.ReadFile("/proc/sys/net/core/optmem_max"); err == nil {
+		if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			limit = min(limit, v)
+		}
+	}
+	if optmem < 0 || optmem > limit/2 {
+		t.Errorf("filter charged %d bytes of socket option memory; want well under optmem_max %d", optmem, limit)
+	}
+	if mapBytes > 1<<20 {
+		t.Errorf("maps take %d bytes, want at most 1 MiB", mapBytes)
+	}
+}
