@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // RRL is a response rate limiter: it keeps the response accounts and per-client
@@ -49,9 +50,9 @@ type RRL struct {
 	shards     []shard
 }
 
-// clockOffset is added to every time so that times are always above one second and
-// zero times, which run up to a second behind, stay positive.
-const clockOffset = 2 * FixedOne
+// clockOffset is added to every time so that zero times, which run up to maxCost
+// (at most 3601 s) behind, stay positive.
+const clockOffset = 4096 * FixedOne
 
 // Kinds of accounts, mixed into their keys.
 const (
@@ -138,8 +139,10 @@ func New(cfg *Config) (*RRL, error) {
 		n *= 2
 	}
 	r.shards = make([]shard, n)
+	per := cfg.maxTableSize / n
+	prealloc := (per+per/3+1)*n*int(unsafe.Sizeof(entry{})) <= preallocBytes
 	for i := range r.shards {
-		r.shards[i].init(cfg.maxTableSize / n)
+		r.shards[i].init(per, prealloc)
 	}
 	r.shardShift = uint(64 - bitsLen(n))
 	return r, nil

@@ -12,9 +12,10 @@ import (
 // client network always maps to the same shard, so one Debit takes one lock.
 //
 // An entry is the account's 64-bit keyed hash, whose low 4 bits hold the slip
-// countdown, and the account's zero time (see charge). A shard grows by doubling up
-// to the slot count that holds its share of max-table-size at a load of 3/4; at
-// that share it evicts before it inserts.
+// countdown, and the account's zero time (see charge). A shard holds its share of
+// max-table-size at a load of at most 3/4; at that share it evicts before it
+// inserts. Tables of up to preallocBytes are allocated at full size at once (creating
+// an account then never pays for growth); larger ones grow by doubling.
 //
 // Eviction takes the account that loses least from a sample of evictSample
 // consecutive slots starting at the new key's home slot: the one
@@ -35,6 +36,9 @@ const (
 	slipMask     = 0xf // low bits of tag: the slip countdown (slip-ratio <= 10)
 	evictSample  = 8   // slots examined per eviction
 	initialSlots = 64  // slots of a shard's first table
+	// preallocBytes: tables up to this size are allocated in full by New; the
+	// default max-table-size of 100000 takes 2.1 MB.
+	preallocBytes = 32 << 20
 	maxShards    = 64
 	// minShardAccounts: tables smaller than this many accounts per shard use fewer
 	// shards, so that small max-table-size values are honoured without rounding.
@@ -62,11 +66,14 @@ type shard struct {
 	_ [64]byte // keeps neighbouring shards' hot fields off each other's cache lines
 }
 
-// initShard sizes s for limit accounts.
-func (s *shard) init(limit int) {
+// init sizes s for limit accounts, allocating its table at full size when prealloc.
+func (s *shard) init(limit int, prealloc bool) {
 	s.limit = max(limit, 1)
 	s.maxSlots = s.limit + s.limit/3 + 1 // load factor at most 3/4, always one slot free
 	s.last = clockOffset
+	if prealloc {
+		s.slots = make([]entry, s.maxSlots)
+	}
 }
 
 // home is the first slot of key's probe sequence in a table of n slots.
@@ -218,10 +225,12 @@ func (s *shard) queriesIn(sec int64) uint64 {
 // now - zero, credit accrues at one second per second without any update, and a
 // debit moves zero later by its cost. Before the debit the balance is clamped to one
 // second (zero >= now - 1 s); a fresh account starts there, so its first debit leaves
-// one second minus the cost. After it the balance is clamped to -window
+// one second minus the cost. (For an allowance below one per second the cap is the
+// cost of one response instead, so that the account admits one response per
+// 1/allowance seconds rather than none.) After it the balance is clamped to -window
 // (zero <= now + window). Reaching full credit resets the slip countdown, as in BIND.
 func charge(e *entry, fresh bool, now, cost, window Fixed) (limited bool) {
-	full := now - FixedOne // now >= clockOffset > 1 s
+	full := now - max(FixedOne, cost) // now >= clockOffset > maxCost >= cost
 	if fresh || e.zero <= full {
 		e.zero = full
 		e.tag &^= slipMask

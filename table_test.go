@@ -32,7 +32,7 @@ func checkShard(t *testing.T, s *shard) {
 func TestShardModel(t *testing.T) {
 	for _, limit := range []int{1, 2, 5, 63, 200, 1000} {
 		var s shard
-		s.init(limit)
+		s.init(limit, limit%2 == 0)
 		model := map[uint64]Fixed{} // key -> zero time
 		rng := rand.New(rand.NewPCG(uint64(limit), 1))
 		keys := make([]uint64, 3*limit+5)
@@ -92,7 +92,7 @@ func TestEvictLosesLeast(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for round := range 200 {
 		var s shard
-		s.init(5)
+		s.init(5, round%2 == 0)
 		var keys []uint64
 		for range 5 {
 			k := accountKey(rng.Uint64(), 0)
