@@ -39,7 +39,7 @@ const (
 	// preallocBytes: tables up to this size are allocated in full by New; the
 	// default max-table-size of 100000 takes 2.1 MB.
 	preallocBytes = 32 << 20
-	maxShards    = 64
+	maxShards     = 64
 	// minShardAccounts: tables smaller than this many accounts per shard use fewer
 	// shards, so that small max-table-size values are honoured without rounding.
 	minShardAccounts = 64
