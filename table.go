@@ -17,8 +17,8 @@ import (
 // inserts. Tables of up to preallocBytes are allocated at full size at once (creating
 // an account then never pays for growth); larger ones grow by doubling.
 //
-// Eviction takes the account that loses least from a sample of evictSample
-// consecutive slots starting at the new key's home slot: the one
+// Eviction takes the account that loses least from a sample of the first
+// evictSample accounts of the new key's probe sequence: the one
 // with the earliest zero time, which is the one nearest full credit. An account that
 // has recovered to full credit loses nothing (a new account starts where it stands),
 // and among those the earliest zero time is the least recently used one. An account
@@ -34,7 +34,7 @@ type entry struct {
 
 const (
 	slipMask     = 0xf // low bits of tag: the slip countdown (slip-ratio <= 10)
-	evictSample  = 8   // slots examined per eviction
+	evictSample  = 8   // accounts examined per eviction
 	initialSlots = 64  // slots of a shard's first table
 	// preallocBytes: tables up to this size are allocated in full by New; the
 	// default max-table-size of 100000 takes 2.1 MB.
@@ -105,8 +105,7 @@ func (s *shard) lookup(key uint64) (e *entry, fresh bool) {
 	}
 	switch {
 	case s.live >= s.limit:
-		s.evict(key)
-		i = s.free(key)
+		return s.evict(key, i), true
 	case (s.live+1)*4 > n*3 && n < s.maxSlots:
 		s.grow()
 		i = s.free(key)
@@ -139,24 +138,41 @@ func (s *shard) grow() {
 	}
 }
 
-// evict removes the sampled account that loses least (see the top of this file)
-// to make room for key. The sample is the first evictSample slots of key's own probe
-// sequence, so that the run the new key joins loses an entry: runs of linear probing
-// then stay as short as at the same load without deletions.
-func (s *shard) evict(key uint64) {
+// evict makes room for key, whose probe sequence reaches its first empty slot at
+// gap, by evicting the account that loses least among the first evictSample
+// accounts of key's probe sequence (see the top of this file), and returns key's
+// new entry. Starting the sample at key's home slot means the run the new key joins
+// loses an entry, so runs stay as short as at the same load without deletions; and
+// a victim within that run (the common case) is simply overwritten in place.
+func (s *shard) evict(key uint64, gap int) *entry {
 	n := len(s.slots)
-	i := home(key, n)
-	victim := -1
-	for k := 0; k < evictSample || victim < 0; k++ {
-		if e := &s.slots[i]; e.tag != 0 && (victim < 0 || e.zero < s.slots[victim].zero) {
-			victim = i
+	start := home(key, n)
+	victim, seen := -1, 0
+	for i, k := start, 0; seen < evictSample && k < n; k++ {
+		if e := &s.slots[i]; e.tag != 0 {
+			seen++
+			if victim < 0 || e.zero < s.slots[victim].zero {
+				victim = i
+			}
 		}
 		if i++; i == n {
 			i = 0
 		}
 	}
-	s.remove(victim)
 	s.evictions++
+	dist := func(i int) int { return (i - start + n) % n }
+	if dist(victim) < dist(gap) { // in key's run: every slot from home to it is full
+		s.slots[victim] = entry{tag: key}
+		return &s.slots[victim]
+	}
+	// Beyond the gap. Removing it may shift an entry of key's run back to its
+	// own home across the end of the table, so look for key's first empty slot
+	// again.
+	s.remove(victim)
+	gap = s.free(key)
+	s.slots[gap] = entry{tag: key}
+	s.live++
+	return &s.slots[gap]
 }
 
 // remove empties slot i and shifts later entries of its probe run back, so that

@@ -30,7 +30,7 @@ func checkShard(t *testing.T, s *shard) {
 // TestShardModel runs random lookups against a shard and a map holding the same
 // accounts, evicting from the map whatever the shard evicted.
 func TestShardModel(t *testing.T) {
-	for _, limit := range []int{1, 2, 5, 63, 200, 1000} {
+	for _, limit := range []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 200, 1000} {
 		var s shard
 		s.init(limit, limit%2 == 0)
 		model := map[uint64]Fixed{} // key -> zero time
@@ -61,7 +61,7 @@ func TestShardModel(t *testing.T) {
 				}
 			}
 			if len(model) != s.live {
-				t.Fatalf("model %d accounts, shard %d", len(model), s.live)
+				t.Fatalf("limit %d step %d: model %d accounts, shard %d", limit, step, len(model), s.live)
 			}
 			if step%997 == 0 {
 				checkShard(t, &s)
@@ -148,4 +148,34 @@ func TestCharge(t *testing.T) {
 			t.Errorf("step %d: balance %v, want %v", i, b, st.balance)
 		}
 	}
+}
+
+func TestEvictAcrossTheEnd(t *testing.T) {
+	// A regression found by TestShardModel: evicting an account beyond the new
+	// key's first empty slot shifted an entry of the key's run back across the end
+	// of the table, which left the key unreachable from its home slot. Keys are
+	// chosen by their home slot in a 3-slot table: home(k, 3) is k*3 >> 64.
+	const homeOf0, homeOf2a, homeOf2b = 0x1000000000000000, 0xe000000000000000, 0xf000000000000000
+	var s shard
+	s.init(2, true)
+	y, _ := s.lookup(homeOf2a) // slot 2
+	y.zero = 1
+	x, _ := s.lookup(homeOf2b) // slot 0, wrapped
+	x.zero = 5
+	if s.slots[0].tag != homeOf2b || s.slots[2].tag != homeOf2a {
+		t.Fatalf("setup: %v", s.slots)
+	}
+	e, fresh := s.lookup(homeOf0) // evicts y (earliest zero), beyond the empty slot 1
+	if !fresh || e.tag != homeOf0 {
+		t.Fatalf("insert: %v %v", e, fresh)
+	}
+	for _, k := range []uint64{homeOf0, homeOf2b} {
+		if found, _ := findKey(&s, k); !found {
+			t.Errorf("key %x unreachable: %v", k, s.slots)
+		}
+	}
+	if found, _ := findKey(&s, homeOf2a); found {
+		t.Errorf("the evicted key is still there")
+	}
+	checkShard(t, &s)
 }
