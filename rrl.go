@@ -268,18 +268,18 @@ func (r *RRL) Debit(src net.Addr, tuple *ResponseTuple) (Action, IPReason, RTRea
 // "[host%zone]:port". It returns the zero Addr if there is none.
 func parseAddr(s string) netip.Addr {
 	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr()
+		return ap.Addr().WithZone("")
 	}
 	s = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
 	a, _ := netip.ParseAddr(s)
-	return a
+	return a.WithZone("")
 }
 
 // DebitAddrPort is Debit for a source given as a netip.AddrPort, with udp telling
 // whether the query came over UDP. It is the fastest way in for servers that read
 // with ReadMsgUDPAddrPort. The port is not used.
 func (r *RRL) DebitAddrPort(src netip.AddrPort, udp bool, tuple *ResponseTuple) (Action, IPReason, RTReason) {
-	return r.debit(src.Addr(), udp, tuple)
+	return r.debit(src.Addr().WithZone(""), udp, tuple)
 }
 
 // timeNow returns the current time as a Fixed number of seconds since the RRL's
@@ -301,7 +301,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple) (act Action
 		tuple = &zeroTuple
 	}
 	cat := tuple.AllowanceCategory
-	addr = addr.Unmap().WithZone("")
+	addr = addr.Unmap() // zones are dropped by parseAddr and DebitAddrPort
 	cn := r.network(addr)
 	netHash := mix64(mix64(r.seed^cn.hi) ^ cn.lo ^ cn.fam<<48)
 	s := &r.shards[netHash>>r.shardShift&uint64(len(r.shards)-1)]

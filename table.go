@@ -146,13 +146,15 @@ func (s *shard) grow() {
 // a victim within that run (the common case) is simply overwritten in place.
 func (s *shard) evict(key uint64, gap int) *entry {
 	n := len(s.slots)
-	start := home(key, n)
 	victim, seen := -1, 0
-	for i, k := start, 0; seen < evictSample && k < n; k++ {
-		if e := &s.slots[i]; e.tag != 0 {
+	pastGap, victimPastGap := false, false
+	for i, k := home(key, n), 0; seen < evictSample && k < n; k++ {
+		if i == gap {
+			pastGap = true
+		} else if e := &s.slots[i]; e.tag != 0 {
 			seen++
 			if victim < 0 || e.zero < s.slots[victim].zero {
-				victim = i
+				victim, victimPastGap = i, pastGap
 			}
 		}
 		if i++; i == n {
@@ -160,8 +162,7 @@ func (s *shard) evict(key uint64, gap int) *entry {
 		}
 	}
 	s.evictions++
-	dist := func(i int) int { return (i - start + n) % n }
-	if dist(victim) < dist(gap) { // in key's run: every slot from home to it is full
+	if !victimPastGap { // in key's run: every slot from home to it is full
 		s.slots[victim] = entry{tag: key}
 		return &s.slots[victim]
 	}
