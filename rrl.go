@@ -291,8 +291,13 @@ func (r *RRL) timeNow() Fixed {
 	} else {
 		ns = coarseNanos() - r.epochNanos
 	}
-	return FixedFromNanos(ns) + clockOffset
+	return FixedFromNanos(min(ns, maxClockNanos)) + clockOffset
 }
+
+// maxClockNanos bounds times at 68 years after the epoch, far enough below the 2^32
+// seconds a Fixed holds that sums of times, costs and windows cannot overflow. A
+// clock that jumps further stands still there.
+const maxClockNanos = 1 << 31 * nanosPerSecond
 
 var zeroTuple ResponseTuple
 

@@ -410,10 +410,30 @@ func TestTimeSteppingBackwards(t *testing.T) {
 			t.Errorf("back to %v: got %s, want SDDDDDS", back, got)
 		}
 	}
-	// An RRL whose clock starts before any sensible time works too.
-	r, c := newTestRRL(t, "responses-per-second", "1", "slip-ratio", "0")
-	c.now = time.Time{}
-	runTimeline(t, r, c, []debitAt{{at: 0, tuple: www, want: "SD"}})
+	// Jumps far forward, beyond what a Fixed holds, neither panic nor overflow.
+	r, c := newTestRRL(t, "responses-per-second", "2", "slip-ratio", "0")
+	runTimeline(t, r, c, []debitAt{
+		{at: 0, tuple: www, want: "SSD"},
+		{at: 200 * 365 * 24 * time.Hour, tuple: www, want: "SSD"},
+		{at: 290 * 365 * 24 * time.Hour, tuple: www, want: "D"}, // stands still at 68 years
+		{at: 0, tuple: www, want: "D"},
+	})
+	// An RRL whose clock reads the zero Time works too.
+	var zero time.Time
+	cfg := NewConfig()
+	cfg.SetNowFunc(func() time.Time { return zero })
+	cfg.SetValue("responses-per-second", "1")
+	cfg.SetValue("slip-ratio", "0")
+	r = NewRRL(cfg)
+	var got []byte
+	for _, at := range []time.Duration{0, 0, time.Second, 1500 * time.Millisecond, 4 * time.Second} {
+		zero = time.Time{}.Add(at)
+		act, _, _ := r.Debit(udp("192.0.2.1"), &www)
+		got = append(got, letters[act])
+	}
+	if string(got) != "SDDDS" { // balances 0, -1, -1, -1.5, 0
+		t.Errorf("zero clock: got %s, want SDDDS", got)
+	}
 }
 
 func TestGetStats(t *testing.T) {
