@@ -56,10 +56,11 @@
 //
 // Accounts live in a table bounded by max-table-size. When it is full, a new account
 // evicts the account that loses least: among a few sampled accounts, the one nearest
-// to full credit, which is the least recently used of those that have recovered
-// fully. An account under attack is deep in debt and stays; a spoofed flood of new
-// sources only churns the accounts it creates itself, and new legitimate clients
-// still get accounts. Eviction takes constant time.
+// to full credit or, if several have recovered fully, the one that recovered first
+// (for accounts left with equal balances, the least recently used). An account under
+// attack is deep in debt and stays; a spoofed flood of new sources only churns the
+// accounts it creates itself, and new legitimate clients still get accounts.
+// Eviction takes constant time.
 //
 // The table is sharded by client network, each shard with its own lock, open
 // addressing and 16-byte entries (a keyed 64-bit hash of the account's key and the
