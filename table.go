@@ -22,9 +22,9 @@ import (
 // zero time, which is the one nearest full credit. An account that has recovered to
 // full credit loses nothing (a new account starts where it stands), and among those
 // the earliest zero time is the one that recovered first: for accounts last debited
-// to equal balances, the least recently used. An account under attack has the latest zero times of all and is the last to go. The sample
-// makes eviction constant time; the keyed hash keeps an attacker from choosing which
-// slots are sampled.
+// to equal balances, the least recently used. An account under attack has the
+// latest zero times of all and is the last to go. The sample makes eviction constant
+// time; the keyed hash keeps an attacker from choosing which slots are sampled.
 
 // entry is one account.
 type entry struct {
