@@ -238,7 +238,7 @@ func (r *RRL) network(a netip.Addr) clientNet {
 // account of the tuple's category limits (RTRateLimit) with Drop or Slip by
 // slip-ratio, unless the category's allowance is 0 (RTNotConfigured). In report-only
 // mode the action is always Send and the reasons and Stats tell what would have
-// happened.
+// happened. exempt-clients is searched in order, so it is meant for a few prefixes.
 func (r *RRL) Debit(src net.Addr, tuple *ResponseTuple) (Action, IPReason, RTReason) {
 	var ip net.IP
 	udp := false
