@@ -140,9 +140,16 @@ func New(cfg *Config) (*RRL, error) {
 	}
 	r.shards = make([]shard, n)
 	per := cfg.maxTableSize / n
-	prealloc := (per+per/3+1)*n*int(unsafe.Sizeof(entry{})) <= preallocBytes
 	for i := range r.shards {
-		r.shards[i].init(per, prealloc)
+		r.shards[i].init(per)
+	}
+	if m := r.shards[0].maxSlots; m*n*int(unsafe.Sizeof(entry{})) <= preallocBytes {
+		// One allocation for all shards, so that large tables can sit on huge pages.
+		all := make([]entry, m*n)
+		adviseHugePages(unsafe.Pointer(unsafe.SliceData(all)), len(all)*int(unsafe.Sizeof(entry{})))
+		for i := range r.shards {
+			r.shards[i].slots = all[i*m : (i+1)*m : (i+1)*m]
+		}
 	}
 	r.shardShift = uint(64 - bitsLen(n))
 	return r, nil

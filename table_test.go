@@ -32,7 +32,10 @@ func checkShard(t *testing.T, s *shard) {
 func TestShardModel(t *testing.T) {
 	for _, limit := range []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 200, 1000} {
 		var s shard
-		s.init(limit, limit%2 == 0)
+		s.init(limit)
+		if limit%2 == 0 { // preallocated, as New does for small tables
+			s.slots = make([]entry, s.maxSlots)
+		}
 		model := map[uint64]Fixed{} // key -> zero time
 		rng := rand.New(rand.NewPCG(uint64(limit), 1))
 		keys := make([]uint64, 3*limit+5)
@@ -92,7 +95,10 @@ func TestEvictLosesLeast(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for round := range 200 {
 		var s shard
-		s.init(5, round%2 == 0)
+		s.init(5)
+		if round%2 == 0 {
+			s.slots = make([]entry, s.maxSlots)
+		}
 		var keys []uint64
 		for range 5 {
 			k := accountKey(rng.Uint64(), 0)
@@ -157,7 +163,8 @@ func TestEvictAcrossTheEnd(t *testing.T) {
 	// chosen by their home slot in a 3-slot table: home(k, 3) is k*3 >> 64.
 	const homeOf0, homeOf2a, homeOf2b = 0x1000000000000000, 0xe000000000000000, 0xf000000000000000
 	var s shard
-	s.init(2, true)
+	s.init(2)
+	s.slots = make([]entry, s.maxSlots)
 	y, _ := s.lookup(homeOf2a) // slot 2
 	y.zero = 1
 	x, _ := s.lookup(homeOf2b) // slot 0, wrapped
