@@ -64,9 +64,11 @@
 //
 // The table is sharded by client network, each shard with its own lock, open
 // addressing and 16-byte entries (a keyed 64-bit hash of the account's key and the
-// time at which its balance is zero): 22 to 43 bytes of heap per account, depending
-// on how full the table is. Debit takes one lock and does not allocate for *net.UDPAddr, *net.TCPAddr,
-// *net.IPAddr and [RRL.DebitAddrPort] sources.
+// time at which its balance is zero) at a load of at most 3/4: 22 bytes of heap per
+// account of max-table-size. Tables of up to 32 MiB (max-table-size up to about 1.5
+// million) are allocated in full by New, larger ones grow by doubling as accounts
+// arrive. Debit takes one lock and does not allocate for *net.UDPAddr,
+// *net.TCPAddr, *net.IPAddr and [RRL.DebitAddrPort] sources.
 //
 // # Differences from markdingo/rrl
 //
