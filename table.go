@@ -45,8 +45,10 @@ const (
 	// default max-table-size of 100000 takes 2.1 MB.
 	preallocBytes = 32 << 20
 	maxShards     = 64
-	// minShardAccounts: tables smaller than this many accounts per shard use fewer
-	// shards, so that small max-table-size values are honoured without rounding.
+	// minShardAccounts: a table uses fewer shards rather than shards of fewer
+	// accounts than this, so that a small max-table-size is not cut into shards too
+	// small to hold an attacked account and its neighbours. The shards' shares
+	// round down: the table never holds more than max-table-size accounts.
 	minShardAccounts = 64
 )
 
