@@ -143,7 +143,7 @@ func New(cfg *Config) (*RRL, error) {
 	for i := range r.shards {
 		r.shards[i].init(per)
 	}
-	if m := r.shards[0].maxSlots; m*n*int(unsafe.Sizeof(entry{})) <= preallocBytes {
+	if m := r.shards[0].maxSlots; uint64(m)*uint64(n)*uint64(unsafe.Sizeof(entry{})) <= preallocBytes {
 		// One allocation for all shards, so that large tables can sit on huge pages.
 		all := make([]entry, m*n)
 		adviseHugePages(unsafe.Pointer(unsafe.SliceData(all)), len(all)*int(unsafe.Sizeof(entry{})))
