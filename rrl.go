@@ -19,8 +19,8 @@ import (
 //
 // Every account holds a balance of seconds of credit. A debit costs 1/allowance
 // seconds; the balance earns back one second per second, never exceeds one second
-// and never falls below -window. A response whose debit leaves its account negative is
-// limited. See the package documentation for the keys of accounts and the
+// (or one debit's cost, for an allowance below 1) and never falls below -window. A
+// response whose debit leaves its account negative is limited. See the package documentation for the keys of accounts and the
 // differences from markdingo/rrl.
 //
 // An RRL is safe for concurrent use by many goroutines; Debit takes one of many
