@@ -1,0 +1,497 @@
+package rrl
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// RRL is a response rate limiter: it keeps the response accounts and per-client
+// request accounts of BIND's rate-limit clause and judges every response with Debit.
+//
+// Every account holds a balance of seconds of credit. A debit costs 1/allowance
+// seconds; the balance earns back one second per second, never exceeds one second
+// (or one debit's cost, for an allowance below 1) and never falls below -window. A
+// response whose debit leaves its account negative is limited. See the package documentation for the keys of accounts and the
+// differences from markdingo/rrl.
+//
+// An RRL is safe for concurrent use by many goroutines; Debit takes one of many
+// shard locks, so calls for different client networks rarely contend. Create it
+// with New or NewRRL; the zero value is not usable.
+type RRL struct {
+	costs     [AllowanceLast]Fixed // per category; 0 disables it
+	reqCost   Fixed                // requests-per-second; 0 disables it
+	allCost   Fixed                // all-per-second; 0 disables it
+	window    Fixed
+	maxCost   Fixed // costs are clamped to window + 1 s, which keeps sums in range
+	slipRatio uint64
+	v4Mask    uint32
+	v6MaskHi  uint64
+	v6MaskLo  uint64
+	exempt    []netip.Prefix
+	report    bool
+
+	qpsScale   uint64        // queries per second; 0 disables qps-scale
+	scaleSec   atomic.Int64  // the second whose rate scale was computed for
+	scale      atomic.Uint64 // Fixed factor >= 1 applied to response costs
+	seed       uint64        // keys account and name hashes
+	nowFunc    func() time.Time
+	epoch      time.Time // nowFunc's reading at New
+	epochNanos int64     // coarse clock reading at New
+	shardShift uint
+	shards     []shard
+}
+
+// clockOffset is added to every time so that zero times, which run up to maxCost
+// (at most 3601 s) behind, stay positive.
+const clockOffset = 4096 * FixedOne
+
+// Kinds of accounts, mixed into their keys.
+const (
+	kindRequest  = 1
+	kindAll      = 2
+	kindResponse = 3
+)
+
+// NewRRL returns an RRL for cfg, as markdingo/rrl's NewRRL does. A nil cfg means
+// NewConfig(). NewRRL never fails: a Config whose values were not set through
+// SetValue (a zero Config literal, say) has its out-of-range values replaced by the
+// defaults. Use New to have them reported instead.
+func NewRRL(cfg *Config) *RRL {
+	if cfg == nil {
+		cfg = NewConfig()
+	}
+	c := cfg.clone()
+	def := NewConfig()
+	if c.window < 1 || c.window > 3600 {
+		c.window = def.window
+	}
+	if c.ipv4PrefixLength < 1 || c.ipv4PrefixLength > 32 {
+		c.ipv4PrefixLength = def.ipv4PrefixLength
+	}
+	if c.ipv6PrefixLength < 1 || c.ipv6PrefixLength > 128 {
+		c.ipv6PrefixLength = def.ipv6PrefixLength
+	}
+	if c.slipRatio < 0 || c.slipRatio > 10 {
+		c.slipRatio = def.slipRatio
+	}
+	if c.maxTableSize < 1 || c.maxTableSize > maxTableSize {
+		c.maxTableSize = def.maxTableSize
+	}
+	for _, v := range []*float64{&c.responsesPerSecond, &c.nodataPerSecond,
+		&c.nxdomainsPerSecond, &c.referralsPerSecond, &c.errorsPerSecond,
+		&c.requestsPerSecond, &c.allPerSecond, &c.qpsScale} {
+		if !(*v >= 0 && *v <= maxRate) {
+			*v = 0
+		}
+	}
+	r, err := New(c)
+	if err != nil {
+		panic("rrl: NewRRL: " + err.Error()) // unreachable: c is valid now
+	}
+	return r
+}
+
+// New returns an RRL for cfg, or an error naming every setting of cfg that is out
+// of range (possible only for a Config not built by NewConfig and SetValue). The RRL
+// takes a copy of cfg: later changes to cfg do not affect it.
+func New(cfg *Config) (*RRL, error) {
+	if cfg == nil {
+		return nil, errors.New("rrl: nil Config")
+	}
+	if err := validate(cfg); err != nil {
+		return nil, err
+	}
+	r := &RRL{
+		window:    FixedFromInt(uint64(cfg.window)),
+		slipRatio: uint64(cfg.slipRatio),
+		v4Mask:    ^uint32(0) << (32 - cfg.ipv4PrefixLength),
+		report:    cfg.reportOnly,
+		exempt:    append([]netip.Prefix(nil), cfg.exempt...),
+		qpsScale:  uint64(math.Ceil(cfg.qpsScale)),
+		seed:      rand.Uint64(),
+		nowFunc:   cfg.nowFunc,
+	}
+	r.maxCost = r.window + FixedOne
+	r.v6MaskHi, r.v6MaskLo = prefixMask128(cfg.ipv6PrefixLength)
+	for cat := range AllowanceLast {
+		r.costs[cat] = r.costOf(cfg.allowance(cat))
+	}
+	r.reqCost = r.costOf(cfg.requestsPerSecond)
+	r.allCost = r.costOf(cfg.allPerSecond)
+	r.scale.Store(uint64(FixedOne))
+	if r.nowFunc != nil {
+		r.epoch = r.nowFunc()
+	} else {
+		r.epochNanos = coarseNanos()
+	}
+
+	n := 1
+	for n < maxShards && cfg.maxTableSize/(2*n) >= minShardAccounts {
+		n *= 2
+	}
+	r.shards = make([]shard, n)
+	per := cfg.maxTableSize / n
+	for i := range r.shards {
+		r.shards[i].init(per)
+	}
+	if m := r.shards[0].maxSlots; uint64(m)*uint64(n)*uint64(unsafe.Sizeof(entry{})) <= preallocBytes {
+		// One allocation for all shards, so that large tables can sit on huge pages.
+		all := make([]entry, m*n)
+		adviseHugePages(unsafe.Pointer(unsafe.SliceData(all)), len(all)*int(unsafe.Sizeof(entry{})))
+		for i := range r.shards {
+			r.shards[i].slots = all[i*m : (i+1)*m : (i+1)*m]
+		}
+	}
+	r.shardShift = uint(64 - bitsLen(n))
+	return r, nil
+}
+
+func bitsLen(n int) int {
+	l := 0
+	for 1<<l < n {
+		l++
+	}
+	return l
+}
+
+// validate reports the settings of cfg that SetValue would have refused.
+func validate(cfg *Config) error {
+	var errs []error
+	check := func(kw string, ok bool, v any) {
+		if !ok {
+			errs = append(errs, &ConfigError{kw, fmt.Sprint(v), "out of range"})
+		}
+	}
+	check("window", cfg.window >= 1 && cfg.window <= 3600, cfg.window)
+	check("ipv4-prefix-length", cfg.ipv4PrefixLength >= 1 && cfg.ipv4PrefixLength <= 32, cfg.ipv4PrefixLength)
+	check("ipv6-prefix-length", cfg.ipv6PrefixLength >= 1 && cfg.ipv6PrefixLength <= 128, cfg.ipv6PrefixLength)
+	check("slip-ratio", cfg.slipRatio >= 0 && cfg.slipRatio <= 10, cfg.slipRatio)
+	check("max-table-size", cfg.maxTableSize >= 1 && cfg.maxTableSize <= maxTableSize, cfg.maxTableSize)
+	rate := func(kw string, v float64) { check(kw, v >= 0 && v <= maxRate, v) } // false for NaN
+	rate("responses-per-second", cfg.responsesPerSecond)
+	rate("nodata-per-second", cfg.nodataPerSecond)
+	rate("nxdomains-per-second", cfg.nxdomainsPerSecond)
+	rate("referrals-per-second", cfg.referralsPerSecond)
+	rate("errors-per-second", cfg.errorsPerSecond)
+	rate("requests-per-second", cfg.requestsPerSecond)
+	rate("all-per-second", cfg.allPerSecond)
+	rate("qps-scale", cfg.qpsScale)
+	return errors.Join(errs...)
+}
+
+// costOf returns the cost of one debit at allowance a per second: 1/a seconds,
+// truncated so that a whole-number allowance n admits exactly n debits from one
+// second of credit; 0 for a disabled allowance.
+func (r *RRL) costOf(a float64) Fixed {
+	switch {
+	case !(a > 0):
+		return 0
+	case a == math.Trunc(a):
+		return max(FixedFromRatio(1, uint64(a)), 1)
+	}
+	return min(max(FixedFromFloat(1/a), 1), r.maxCost)
+}
+
+// prefixMask128 returns the mask of an IPv6 prefix of length bits as two words.
+func prefixMask128(bits int) (hi, lo uint64) {
+	if bits >= 64 {
+		return ^uint64(0), ^uint64(0) << (128 - bits) // a shift by 64 gives 0
+	}
+	return ^uint64(0) << (64 - bits), 0
+}
+
+// clientNet is a client network: the masked source address as two words and its
+// family (4, 6, or 0 for a source that is no IP address).
+type clientNet struct {
+	hi, lo uint64
+	fam    uint64
+}
+
+// network returns the client network of a, an unmapped address.
+func (r *RRL) network(a netip.Addr) clientNet {
+	switch {
+	case a.Is4():
+		b := a.As4()
+		return clientNet{0, uint64(binary.BigEndian.Uint32(b[:]) & r.v4Mask), 4}
+	case a.Is6():
+		b := a.As16()
+		return clientNet{
+			binary.BigEndian.Uint64(b[:8]) & r.v6MaskHi,
+			binary.BigEndian.Uint64(b[8:]) & r.v6MaskLo, 6}
+	}
+	return clientNet{}
+}
+
+// Debit judges a response about to be sent to src and debits the accounts it is
+// charged to. It returns what to do with the response and why. src is the query's
+// source: a *net.UDPAddr (response accounts apply) or any other net.Addr (only
+// requests-per-second applies, RTNotUDP); *net.UDPAddr, *net.TCPAddr and *net.IPAddr
+// are read without allocating, other types through their String method. A nil tuple
+// counts as the zero ResponseTuple.
+//
+// The rules, in order: a source in exempt-clients is sent (IPExempt);
+// requests-per-second limits the client network for every transport (Drop,
+// IPRateLimit); only UDP responses go further (RTNotUDP); all-per-second limits all
+// UDP responses of the client network (Drop, IPAllRateLimit); then the response
+// account of the tuple's category limits (RTRateLimit) with Drop or Slip by
+// slip-ratio, unless the category's allowance is 0 (RTNotConfigured). In report-only
+// mode the action is always Send and the reasons and Stats tell what would have
+// happened. exempt-clients is searched in order, so it is meant for a few prefixes.
+func (r *RRL) Debit(src net.Addr, tuple *ResponseTuple) (Action, IPReason, RTReason) {
+	var ip net.IP
+	udp := false
+	switch a := src.(type) {
+	case *net.UDPAddr:
+		if a != nil {
+			ip, udp = a.IP, true
+		}
+	case *net.TCPAddr:
+		if a != nil {
+			ip = a.IP
+		}
+	case *net.IPAddr:
+		if a != nil {
+			ip = a.IP
+		}
+	case nil:
+	default:
+		udp = strings.HasPrefix(src.Network(), "udp")
+		return r.debit(parseAddr(src.String()), udp, tuple)
+	}
+	addr, _ := netip.AddrFromSlice(ip)
+	return r.debit(addr, udp, tuple)
+}
+
+// parseAddr reads the address of a net.Addr's string form: "host:port", "host" or
+// "[host%zone]:port". It returns the zero Addr if there is none.
+func parseAddr(s string) netip.Addr {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().WithZone("")
+	}
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
+	a, _ := netip.ParseAddr(s)
+	return a.WithZone("")
+}
+
+// DebitAddrPort is Debit for a source given as a netip.AddrPort, with udp telling
+// whether the query came over UDP. It is the fastest way in for servers that read
+// with ReadMsgUDPAddrPort. The port is not used.
+func (r *RRL) DebitAddrPort(src netip.AddrPort, udp bool, tuple *ResponseTuple) (Action, IPReason, RTReason) {
+	return r.debit(src.Addr().WithZone(""), udp, tuple)
+}
+
+// timeNow returns the current time as a Fixed number of seconds since the RRL's
+// epoch plus clockOffset; times before the epoch read as the epoch.
+func (r *RRL) timeNow() Fixed {
+	var ns int64
+	if r.nowFunc != nil {
+		ns = int64(r.nowFunc().Sub(r.epoch))
+	} else {
+		ns = coarseNanos() - r.epochNanos
+	}
+	return FixedFromNanos(min(ns, maxClockNanos)) + clockOffset
+}
+
+// maxClockNanos bounds times at 68 years after the epoch, far enough below the 2^32
+// seconds a Fixed holds that sums of times, costs and windows cannot overflow. A
+// clock that jumps further stands still there.
+const maxClockNanos = 1 << 31 * nanosPerSecond
+
+var zeroTuple ResponseTuple
+
+func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple) (act Action, ipr IPReason, rtr RTReason) {
+	if tuple == nil {
+		tuple = &zeroTuple
+	}
+	cat := tuple.AllowanceCategory
+	addr = addr.Unmap() // zones are dropped by parseAddr and DebitAddrPort
+	cn := r.network(addr)
+	netHash := mix64(mix64(r.seed^cn.hi) ^ cn.lo ^ cn.fam<<48)
+	s := &r.shards[netHash>>r.shardShift&uint64(len(r.shards)-1)]
+	for _, p := range r.exempt {
+		if p.Contains(addr) {
+			s.mu.Lock()
+			s.stats.count(cat, Send, Send, IPExempt, RTNotReached, r.report)
+			s.mu.Unlock()
+			return Send, IPExempt, RTNotReached
+		}
+	}
+	var cost Fixed
+	var respKey uint64
+	if cat < AllowanceLast {
+		cost = r.costs[cat]
+	}
+	if udp && cost != 0 {
+		respKey = r.responseKey(netHash, tuple)
+	}
+	now := r.timeNow()
+
+	s.mu.Lock()
+	now = s.clock(now)
+	scale := FixedOne
+	if r.qpsScale != 0 {
+		sec := int64(now.Int())
+		s.countQuery(sec)
+		scale = r.rateScale(sec)
+	}
+
+	act, ipr, rtr = Send, IPNotConfigured, RTNotReached
+	if r.reqCost != 0 {
+		e, fresh := s.lookup(accountKey(netHash, kindRequest))
+		if charge(e, fresh, now, r.reqCost, r.window) {
+			act, ipr = Drop, IPRateLimit
+			goto done
+		}
+		ipr = IPOk
+	}
+	if !udp {
+		rtr = RTNotUDP
+		goto done
+	}
+	if r.allCost != 0 {
+		e, fresh := s.lookup(accountKey(netHash, kindAll))
+		if charge(e, fresh, now, r.scaled(r.allCost, scale), r.window) {
+			act, ipr = Drop, IPAllRateLimit
+			goto done
+		}
+	}
+	if cost == 0 {
+		rtr = RTNotConfigured
+		goto done
+	}
+	rtr = RTOk
+	if e, fresh := s.lookup(respKey); charge(e, fresh, now, r.scaled(cost, scale), r.window) {
+		rtr = RTRateLimit
+		act = Drop
+		if slip(e, r.slipRatio) {
+			act = Slip
+		}
+	}
+done:
+	would := act
+	if r.report {
+		act = Send
+	}
+	s.stats.count(cat, act, would, ipr, rtr, r.report)
+	s.mu.Unlock()
+	return act, ipr, rtr
+}
+
+// scaled returns cost scaled for qps-scale, within maxCost.
+func (r *RRL) scaled(cost, scale Fixed) Fixed {
+	if scale == FixedOne {
+		return cost
+	}
+	return min(cost.Mul(scale), r.maxCost)
+}
+
+// rateScale returns the factor qps-scale applies to costs in second sec: the total
+// query rate of the previous second divided by qps-scale, or 1 when that rate is not
+// above qps-scale. One caller per second sums the shards' counts, without locks.
+func (r *RRL) rateScale(sec int64) Fixed {
+	if old := r.scaleSec.Load(); old != sec && r.scaleSec.CompareAndSwap(old, sec) {
+		var total uint64
+		for i := range r.shards {
+			total += r.shards[i].queriesIn(sec - 1)
+		}
+		f := FixedOne
+		if total > r.qpsScale {
+			f = FixedFromRatio(min(total, 1<<31), r.qpsScale)
+		}
+		r.scale.Store(uint64(f))
+		return f
+	}
+	return Fixed(r.scale.Load())
+}
+
+// accountKey returns the key of an account of the client network hashed as
+// netHash, of the given kind, with extra bits for the response tuple. The low bits
+// hold the slip countdown and the key is never 0.
+func accountKey(netHash, meta uint64) uint64 {
+	k := mix64(netHash^meta) &^ slipMask
+	if k == 0 {
+		k = slipMask + 1
+	}
+	return k
+}
+
+// responseKey returns the key of the response account of tuple for the client
+// network hashed as netHash. As in BIND, answers and referrals are keyed by qtype
+// and salient name, NODATA and NXDOMAIN by salient name and errors by the client
+// network alone. Names compare case-insensitively (ASCII).
+func (r *RRL) responseKey(netHash uint64, t *ResponseTuple) uint64 {
+	meta := uint64(kindResponse) | uint64(t.AllowanceCategory)<<8
+	var name uint64
+	switch t.AllowanceCategory {
+	case AllowanceAnswer, AllowanceReferral:
+		meta |= uint64(t.Type) << 16
+		name = r.hashName(t.SalientName)
+	case AllowanceNoData, AllowanceNXDomain:
+		name = r.hashName(t.SalientName)
+	}
+	return accountKey(mix64(netHash^meta)^name, 0)
+}
+
+// hashName returns a keyed hash of name folded to lower case (ASCII), eight bytes
+// at a time and without allocating. It need not resist deliberate collisions: names
+// that collide share one account within one client network, which gives whoever
+// chooses them no more than asking for one name repeatedly.
+func (r *RRL) hashName(name string) uint64 {
+	h := r.seed ^ uint64(len(name))
+	for ; len(name) >= 8; name = name[8:] {
+		w := uint64(name[0]) | uint64(name[1])<<8 | uint64(name[2])<<16 | uint64(name[3])<<24 |
+			uint64(name[4])<<32 | uint64(name[5])<<40 | uint64(name[6])<<48 | uint64(name[7])<<56
+		h = (h ^ lower8(w)) * nameMul
+		h ^= h >> 31
+	}
+	if len(name) > 0 {
+		var w uint64
+		for i := range len(name) {
+			w |= uint64(name[i]) << (8 * i)
+		}
+		h = (h ^ lower8(w)) * nameMul
+		h ^= h >> 31
+	}
+	return mix64(h)
+}
+
+const nameMul = 0x9e3779b97f4a7c15 // 2^64 divided by the golden ratio, odd
+
+// lower8 folds the ASCII capitals among the eight bytes of w to lower case.
+func lower8(w uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	low7 := w &^ highs
+	geA := low7 + (0x80-'A')*ones // high bit set where the byte is >= 'A'
+	gtZ := low7 + (0x7f-'Z')*ones // high bit set where the byte is > 'Z'
+	upper := (geA &^ gtZ) &^ w & highs
+	return w | upper>>2 // 0x80 >> 2 is the case bit 0x20
+}
+
+// GetStats returns the statistics of the Debit calls since the RRL was made or
+// since the last GetStats(true), which zeroes them after the copy. CacheLength is the
+// current number of accounts, whatever zeroAfter.
+func (r *RRL) GetStats(zeroAfter bool) Stats {
+	var st Stats
+	for i := range r.shards {
+		s := &r.shards[i]
+		s.mu.Lock()
+		s.stats.addTo(&st)
+		st.Evictions += s.evictions
+		st.CacheLength += s.live
+		if zeroAfter {
+			s.stats = counters{}
+			s.evictions = 0
+		}
+		s.mu.Unlock()
+	}
+	return st
+}

@@ -1,0 +1,128 @@
+package rrl
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Stats counts the outcomes of Debit calls, as markdingo/rrl's Stats does, with
+// arrays indexed by the AllowanceCategory, Action, IPReason and RTReason constants.
+// RRL.GetStats returns a snapshot. A Stats value itself is not safe for concurrent
+// modification.
+type Stats struct {
+	RPS       [AllowanceLast]int64 // Debit calls per category of the tuple
+	Actions   [ActionLast]int64    // what Debit returned
+	IPReasons [IPLast]int64
+	RTReasons [RTLast]int64
+
+	// ReportOnly counts, in report-only mode, the actions Debit would have returned
+	// had the mode been off (Actions then counts only Send). Zero otherwise.
+	ReportOnly [ActionLast]int64
+
+	CacheLength int   // accounts in the table at the time of GetStats
+	Evictions   int64 // accounts evicted to make room for new ones
+}
+
+// counters is the per-shard part of Stats, updated under the shard's lock.
+type counters struct {
+	rps        [AllowanceLast]int64
+	actions    [ActionLast]int64
+	ipReasons  [IPLast]int64
+	rtReasons  [RTLast]int64
+	reportOnly [ActionLast]int64
+}
+
+// count records one Debit call. would is the action before report-only turned it
+// into Send (equal to act otherwise).
+func (c *counters) count(cat AllowanceCategory, act, would Action, ipr IPReason, rtr RTReason, reportOnly bool) {
+	if cat < AllowanceLast {
+		c.rps[cat]++
+	}
+	c.actions[act]++
+	c.ipReasons[ipr]++
+	c.rtReasons[rtr]++
+	if reportOnly {
+		c.reportOnly[would]++
+	}
+}
+
+// addTo adds c into st.
+func (c *counters) addTo(st *Stats) {
+	for i, v := range c.rps {
+		st.RPS[i] += v
+	}
+	for i, v := range c.actions {
+		st.Actions[i] += v
+	}
+	for i, v := range c.ipReasons {
+		st.IPReasons[i] += v
+	}
+	for i, v := range c.rtReasons {
+		st.RTReasons[i] += v
+	}
+	for i, v := range c.reportOnly {
+		st.ReportOnly[i] += v
+	}
+}
+
+// Copy returns a copy of s and, when zeroAfter is true, zeroes s.
+func (s *Stats) Copy(zeroAfter bool) Stats {
+	c := *s
+	if zeroAfter {
+		*s = Stats{}
+	}
+	return c
+}
+
+// Add adds the counts of from into s. CacheLength is a level, not a count: s takes
+// from's value.
+func (s *Stats) Add(from *Stats) {
+	for i, v := range from.RPS {
+		s.RPS[i] += v
+	}
+	for i, v := range from.Actions {
+		s.Actions[i] += v
+	}
+	for i, v := range from.IPReasons {
+		s.IPReasons[i] += v
+	}
+	for i, v := range from.RTReasons {
+		s.RTReasons[i] += v
+	}
+	for i, v := range from.ReportOnly {
+		s.ReportOnly[i] += v
+	}
+	s.CacheLength = from.CacheLength
+	s.Evictions += from.Evictions
+}
+
+// String returns the counts on one line, each group's values separated by slashes
+// in the order of their constants, for logs:
+//
+//	RPS 1/0/0/0/0 Actions 1/0/0 IPR 0/1/0/0/0/0/0 RTR 1/0/0/0/0/0 L=1/0
+//
+// A report-only RRL adds " RO=send/drop/slip".
+func (s Stats) String() string {
+	var b strings.Builder
+	group := func(name string, v []int64) {
+		b.WriteString(name)
+		for i, x := range v {
+			if i == 0 {
+				b.WriteByte(' ')
+			} else {
+				b.WriteByte('/')
+			}
+			fmt.Fprint(&b, x)
+		}
+		b.WriteByte(' ')
+	}
+	group("RPS", s.RPS[:])
+	group("Actions", s.Actions[:])
+	group("IPR", s.IPReasons[:])
+	group("RTR", s.RTReasons[:])
+	fmt.Fprintf(&b, "L=%d/%d", s.CacheLength, s.Evictions)
+	if s.ReportOnly != [ActionLast]int64{} {
+		fmt.Fprintf(&b, " RO=%d/%d/%d", s.ReportOnly[Send], s.ReportOnly[Drop], s.ReportOnly[Slip])
+	}
+	return b.String()
+}
