@@ -396,11 +396,11 @@ func parsePrefixes(s string) ([]netip.Prefix, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%q is not an address or prefix", f)
 			}
+			if a.Zone() != "" {
+				return nil, fmt.Errorf("%q: zones are not allowed", f)
+			}
 			a = a.Unmap()
 			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		if p.Addr().Zone() != "" {
-			return nil, fmt.Errorf("%q: zones are not allowed", f)
 		}
 		out = append(out, p.Masked())
 	}

@@ -144,3 +144,12 @@ func TestConfigKeywordsAccepted(t *testing.T) {
 		}
 	}
 }
+
+func TestExemptClientsRejectZones(t *testing.T) {
+	cfg := NewConfig()
+	for _, v := range []string{"fe80::1%eth0", "fe80::%lo/64"} {
+		if err := cfg.SetValue("exempt-clients", v); err == nil {
+			t.Errorf("exempt-clients %q accepted", v)
+		}
+	}
+}

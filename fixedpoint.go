@@ -21,7 +21,7 @@ import (
 //   - Mul: the exact product a*b/2^32 < 2^32 (for example a rate below 2^32 times a
 //     probability or decay factor of at most 1).
 //   - Div: b > 0 and a/b < 2^32; otherwise Div saturates to FixedMax.
-//   - FixedFromNanos: any non-negative int64 below 2^32 seconds (every int64 is).
+//   - FixedFromNanos: durations below 2^32 seconds (136 years); longer ones wrap.
 //   - Add and Sub saturate at FixedMax and 0.
 type Fixed uint64
 
