@@ -119,7 +119,8 @@ func sketchIndex(h uint64, row int) uint32 {
 }
 
 const (
-	// sketchDepth is the number of rows of every CountMin sketch.
+	// sketchDepth is the number of rows of every CountMin sketch (countMin.arrive
+	// writes the rows out).
 	sketchDepth = 2
 	// sketchWidthShift: every row has 1<<sketchWidthShift cells.
 	sketchWidthShift = 11
@@ -149,3 +150,77 @@ const (
 	// sketchBytes is the memory of all sketches: 12 nodes * 2 rows * 2048 cells * 16 B.
 	sketchBytes = numNodes * sketchDepth * sketchWidth * cellBytes
 )
+
+// countMin is a CountMin sketch of decaying counts, one per lattice node: sketchDepth
+// rows of sketchWidth cells, cell (row, col) at index row*sketchWidth+col (the
+// layout of the kernel program's per-node arrays), each cell a count and the time of
+// its last update as cellArrive keeps them. A key is hashed once (sketchHash); row r
+// uses column sketchIndex(h, r). An arrival updates one cell per row; a key's count
+// is the smallest of its cells, because every other key that shares a cell can only
+// add to it.
+//
+// Memory: sketchDepth*sketchWidth*cellBytes = 2*2048*16 B = 64 KiB, allocated with
+// the Limiter and never grown.
+//
+// Accuracy. The decay is linear in the count (the decayed sum of the arrivals that
+// hit a cell is the sum of their decayed counts, up to one truncation per update), so
+// the classic CountMin bound holds for the decayed counts and therefore for the
+// rates: with width w and depth d, a key's estimate is never below its own rate, and
+// with probability at least 1-e^-d over the hash seed it exceeds it by at most
+// (e/w) times the sum of the rates of all keys in the sketch. With w = 2048 and
+// d = 2 that is 0.13% of the node's total traffic, with probability 86%; to exceed
+// it, both rows must collide with heavy keys. A hostile sender cannot aim at a
+// victim's cells without the per-Limiter seed. (countmin_test.go checks the bound
+// against exact per-key counts at this size and at smaller widths and other depths.)
+//
+// Concurrency: safe for concurrent use without locks. An update is a load,
+// cellArrive and a store per row (cmCell), so two racing arrivals on one cell can
+// lose one of the two increments (an under-count of at most the number of racing
+// CPUs), exactly as the kernel program's shared maps do. Nothing else can go wrong:
+// a pair mixed from two racing updates (count of one, time of the other) holds
+// times a few nanoseconds apart and only shifts one decay step by that much.
+type countMin [sketchDepth][sketchWidth]cmCell
+
+// arrive counts an arrival of the key with hash h at now and returns its count
+// including the arrival: the minimum over the rows (feed it to arrivalRate). The two
+// rows are written out so that their memory accesses overlap.
+func (s *countMin) arrive(h, now uint64) Fixed {
+	c0 := &s[0][sketchIndex(h, 0)]
+	c1 := &s[1][sketchIndex(h, 1)]
+	count0, last0 := c0.load()
+	count1, last1 := c1.load()
+	// cellArrive twice, written out because the compiler does not inline it (checked
+	// against cellArrive by TestCountMinMatchesReference).
+	if now > last0 {
+		count0 = count0.Mul(decayFactor(now - last0))
+		last0 = now
+	}
+	if now > last1 {
+		count1 = count1.Mul(decayFactor(now - last1))
+		last1 = now
+	}
+	count0, count1 = count0.Add(FixedOne), count1.Add(FixedOne)
+	c0.store(count0, last0)
+	c1.store(count1, last1)
+	return min(count0, count1)
+}
+
+// rate returns the estimated rate of the key with hash h at now, without counting an
+// arrival: the minimum of cellRate over the rows.
+func (s *countMin) rate(h, now uint64) Fixed {
+	least := FixedMax
+	for row := range s {
+		count, last := s[row][sketchIndex(h, row)].load()
+		least = min(least, cellRate(count, last, now))
+	}
+	return least
+}
+
+// reset empties the sketch. Concurrent arrivals may survive it.
+func (s *countMin) reset() {
+	for row := range s {
+		for col := range s[row] {
+			s[row][col].store(0, 0)
+		}
+	}
+}

@@ -1,0 +1,438 @@
+package rrl
+
+import (
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Limiter is the per-source request limiter: the Go model of the kernel socket
+// filter, and the fallback a server calls itself when eBPF cannot be loaded. It
+// decides, for each arriving query, whether the server should process it.
+//
+// Algorithm. Sources are grouped at several nodes: for each prefix level of the
+// packet's family (Config's ipv4-request-levels / ipv6-request-levels plus the client
+// network, finest first) the group of sources sharing that prefix; the group of all
+// sources sharing the packet's source port; and all sources together (the capacity,
+// total-requests-per-second, off by default). Each node has a limit in packets per
+// second (the level's factor times requests-per-second, source-port-factor times
+// requests-per-second, or the capacity); a node with limit 0 is off. Every packet is
+// counted at all of its nodes, whether it is then dropped or not, and passes with
+// probability min(1, limit/rate) over its nodes, decided with one uniform draw u in
+// [0,1): it passes when u*rate < limit at every node. So a group over its limit is
+// trimmed to the limit rather than cut off, a packet that fits its own address's
+// limit can still be trimmed by its /24's, and everything outside an over-limit
+// group is untouched. IPv4-mapped IPv6 sources count as IPv4; sources in
+// exempt-clients pass uncounted; with report-only every packet passes and the
+// LimiterVerdict says what would have happened.
+//
+// Estimator. Each node has a CountMin sketch (2 rows of 2048 cells, keyed by a
+// per-Limiter random seed) whose cells hold an exponentially decayed count with a
+// half-life of 268 ms, in fixed point (see countmin.go): a steady rate is estimated
+// within 10% after one second (limiting starts within tens of milliseconds of a
+// flood); a group that stops sending is released once its decaying estimate falls
+// under its limit, 268 ms times log2(rate/limit) later (0.9 s at 10 times the limit,
+// 1.8 s at 100 times); and bursts are not mistaken for huge rates. The estimate of a
+// random (Poisson) source is noisy, with a relative standard deviation of
+// 1/sqrt(2*rate*0.387 s), 11% at 100 packets per second, so the limit has a soft
+// edge: with a limit of 100, a source at 80 loses 0.1% and one at 100 about 4%. Sharing cells can only over-estimate a
+// group, by at most 0.13% of its node's total traffic with probability 86% per
+// group, and both rows must collide to matter.
+//
+// Memory is constant: 12 sketches of 64 KiB, 768 KiB in all (MemoryBytes), allocated
+// by NewLimiter. No per-source state exists, so spoofed random sources cannot fill a
+// table.
+//
+// Because dropped packets count too (an attacker cannot lower its measured rate by
+// being dropped), a group far over its limit also loads the coarser groups that
+// contain it: a /24 sending 20 times requests-per-second keeps its /16 (limit 16
+// times by default) over its limit, so other networks in that /16 are trimmed too,
+// to 16/20 of their traffic; networks outside it are untouched.
+//
+// Concurrency. All methods are safe for concurrent use and take no locks on the
+// per-packet path (Allow, AllowAt, DecideAt): each sketch cell is updated by a
+// load, a computation and a store of its two words, so simultaneous arrivals on one
+// cell may occasionally count once instead of twice, as in the kernel's shared
+// maps (see cmCell). The counters are atomic. Update may be called while packets are
+// being judged.
+//
+// Use. With the kernel filter attached, the kernel does this work and the server
+// does nothing. Without it (no CAP_BPF), call Allow with the source of every query
+// right after reading it, before parsing, and drop the query when it returns false:
+//
+//	n, src, err := conn.ReadFromUDPAddrPort(buf)
+//	if err != nil { ... }
+//	if !limiter.Allow(src) {
+//		continue // over its group's limit: no parsing, no response
+//	}
+//
+// AllowAt and DecideAt take the clock and the random draw as arguments, for tests
+// and for replaying the kernel program's inputs.
+//
+// Create a Limiter with NewLimiter; the zero value is not usable.
+type Limiter struct {
+	seedv  uint64
+	mix0   uint64 // mix64(seedv): the first step of sketchHash when hi is 0
+	mix00  uint64 // mix64(mix0): the first two steps when hi and lo are 0
+	sketch *[numNodes]countMin
+	params atomic.Pointer[limiterParams]
+	start  time.Time
+	stats  [statShards]statShard
+
+	updateMu sync.Mutex // serialises Update
+}
+
+// limiterParams is everything a Config sets, swapped atomically by Update.
+type limiterParams struct {
+	limit      [numNodes]Fixed
+	prefix     [numNodes]int
+	name       [numNodes]LimiterNode
+	levels     [2]int // active level nodes of IPv4 (nodes 0..levels[0]-1) and IPv6
+	exempt     []netip.Prefix
+	reportOnly bool
+}
+
+// statShards spreads the counters over cache lines so that CPUs judging packets at
+// the same time do not all write one line.
+const statShards = 8
+
+type statShard struct {
+	judged  [2]atomic.Uint64 // IPv4, IPv6
+	exempt  atomic.Uint64
+	limited [numNodes]atomic.Uint64
+	_       [128 - (3+numNodes)*8]byte // to a multiple of the cache line
+}
+
+// LimiterNode names a node of the request limiter: a source prefix level of one
+// family, the source-port node or the total. Its String is "ipv4/24", "ipv6/56",
+// "port", "total" or "none".
+type LimiterNode uint16
+
+// The nodes that do not depend on a prefix length. Prefix-level nodes are named by
+// family and length (see LimiterNode.String).
+const (
+	// NodeNone is no node: the packet was not limited.
+	NodeNone LimiterNode = 0
+	// NodePort is the group of all sources sharing one source port.
+	NodePort LimiterNode = 3 << 8
+	// NodeTotal is all sources together (total-requests-per-second).
+	NodeTotal LimiterNode = 4 << 8
+)
+
+const (
+	nodeTagIPv4 LimiterNode = 1 << 8
+	nodeTagIPv6 LimiterNode = 2 << 8
+)
+
+func (n LimiterNode) String() string {
+	switch n &^ 0xff {
+	case nodeTagIPv4:
+		return fmt.Sprintf("ipv4/%d", n&0xff)
+	case nodeTagIPv6:
+		return fmt.Sprintf("ipv6/%d", n&0xff)
+	}
+	switch n {
+	case NodeNone:
+		return "none"
+	case NodePort:
+		return "port"
+	case NodeTotal:
+		return "total"
+	}
+	return fmt.Sprintf("LimiterNode(%d)", uint16(n))
+}
+
+// LimiterVerdict is the outcome of judging one packet.
+type LimiterVerdict struct {
+	// Allowed reports whether the server should process the packet. It is always
+	// true in report-only mode.
+	Allowed bool
+	// Limited is the node that limited the packet: the first, finest first, whose
+	// limit the draw exceeded. NodeNone when the packet was within every limit. In
+	// report-only mode it says which node would have dropped the packet.
+	Limited LimiterNode
+	// Exempt reports that the source is in exempt-clients: passed, not counted.
+	Exempt bool
+
+	node int8 // sketch index of Limited, -1 for none
+}
+
+// LimiterStats are the counters of a Limiter since it was made.
+type LimiterStats struct {
+	// Packets judged (counted at their nodes), by family; exempt ones are not.
+	IPv4, IPv6 uint64
+	// Exempt packets: passed without being counted.
+	Exempt uint64
+	// Limited packets: dropped, or in report-only mode the ones that would have been.
+	Limited uint64
+	// Nodes has one entry per active node: IPv4 levels finest first, IPv6 levels,
+	// then the port and total nodes when on.
+	Nodes []LimiterNodeStats
+}
+
+// LimiterNodeStats are one node's settings and counters.
+type LimiterNodeStats struct {
+	Node LimiterNode
+	// Limit is the node's limit in packets per second.
+	Limit float64
+	// Packets is the number of packets counted at the node.
+	Packets uint64
+	// Limited is the number of packets this node limited (the first node whose limit
+	// the packet's draw exceeded).
+	Limited uint64
+}
+
+// NewLimiter returns a Limiter enforcing cfg's request limits (requests-per-second,
+// the request levels, source-port-factor, total-requests-per-second, exempt-clients
+// and report-only). Later changes to cfg do not affect it; see Update. Its hash seed
+// is random, so no one can predict which groups share sketch cells. With
+// requests-per-second and total-requests-per-second both 0 every packet passes.
+func NewLimiter(cfg *Config) (*Limiter, error) {
+	var b [8]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("rrl: limiter seed: %w", err)
+	}
+	return newLimiterSeed(cfg, binary.LittleEndian.Uint64(b[:]))
+}
+
+// newLimiterSeed is NewLimiter with a chosen hash seed, for tests and for checking
+// the kernel program against the model.
+func newLimiterSeed(cfg *Config, seed uint64) (*Limiter, error) {
+	p, err := newLimiterParams(cfg)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{seedv: seed, mix0: mix64(seed), mix00: mix64(mix64(seed)), start: time.Now()}
+	l.sketch = new([numNodes]countMin)
+	l.params.Store(p)
+	return l, nil
+}
+
+var errNilConfig = errors.New("rrl: nil Config")
+
+func newLimiterParams(cfg *Config) (*limiterParams, error) {
+	if cfg == nil {
+		return nil, errNilConfig
+	}
+	p := &limiterParams{reportOnly: cfg.reportOnly}
+	for _, e := range cfg.exempt {
+		if !e.IsValid() {
+			return nil, fmt.Errorf("rrl: exempt-clients: invalid prefix %v", e)
+		}
+	}
+	p.exempt = append([]netip.Prefix(nil), cfg.exempt...)
+	for fam, first := range [2]int{nodeIPv4First, nodeIPv6First} {
+		levels := cfg.requestLevels(fam == 0)
+		if len(levels) > maxRequestLevel {
+			return nil, fmt.Errorf("rrl: %d request levels, at most %d per family", len(levels), maxRequestLevel)
+		}
+		bitLen, tag := 32, nodeTagIPv4
+		if fam == 1 {
+			bitLen, tag = 128, nodeTagIPv6
+		}
+		for i, lv := range levels {
+			if lv.PrefixLen < 0 || lv.PrefixLen > bitLen {
+				return nil, fmt.Errorf("rrl: request level /%d out of range", lv.PrefixLen)
+			}
+			n := first + i
+			// A positive limit too small for a Fixed is the smallest one, not 0 (off).
+			p.limit[n] = max(FixedFromFloat(lv.Limit), 1)
+			p.prefix[n] = lv.PrefixLen
+			p.name[n] = tag | LimiterNode(lv.PrefixLen)
+		}
+		p.levels[fam] = len(levels)
+	}
+	p.limit[nodePort] = FixedFromFloat(cfg.requestsPerSecond * cfg.sourcePortFactor)
+	p.name[nodePort] = NodePort
+	p.limit[nodeTotal] = FixedFromFloat(cfg.totalRequests)
+	p.name[nodeTotal] = NodeTotal
+	return p, nil
+}
+
+// Update replaces the Limiter's settings with cfg's, keeping the measured rates: a
+// node whose prefix length stays the same keeps its sketch; one whose prefix length
+// changes (including when a level is added or removed before it) starts empty.
+// It is safe to call while packets are being judged.
+func (l *Limiter) Update(cfg *Config) error {
+	p, err := newLimiterParams(cfg)
+	if err != nil {
+		return err
+	}
+	l.updateMu.Lock()
+	defer l.updateMu.Unlock()
+	old := l.params.Load()
+	for n := range numNodes {
+		if old.prefix[n] != p.prefix[n] || old.name[n] != p.name[n] {
+			l.sketch[n].reset()
+		}
+	}
+	l.params.Store(p)
+	return nil
+}
+
+// Allow judges a query from src arriving now, using the process's monotonic clock and
+// a fast random source. It reports whether the server should process the query.
+func (l *Limiter) Allow(src netip.AddrPort) bool {
+	return l.DecideAt(src, int64(time.Since(l.start)), rand.Uint32()).Allowed
+}
+
+// AllowAt judges a query from src arriving at now, in nanoseconds of a monotonic clock
+// (what bpf_ktime_get_ns gives the kernel filter), with rand a uniform 32-bit random
+// draw. Time that stands still or steps back counts the arrival without decaying
+// anything; negative times count as 0.
+func (l *Limiter) AllowAt(src netip.AddrPort, now int64, rand uint32) bool {
+	return l.DecideAt(src, now, rand).Allowed
+}
+
+// DecideAt is AllowAt with the full verdict: which node limited the packet. A source
+// that is not a valid address is passed uncounted.
+func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVerdict {
+	p := l.params.Load()
+	addr := src.Addr().Unmap()
+	st := &l.stats[rand%statShards]
+	if !addr.IsValid() {
+		return LimiterVerdict{Allowed: true, node: -1}
+	}
+	for _, e := range p.exempt {
+		if e.Contains(addr) {
+			st.exempt.Add(1)
+			return LimiterVerdict{Allowed: true, Exempt: true, node: -1}
+		}
+	}
+	// First the key hashes of the packet's active nodes, in order: its family's
+	// levels, finest first, then the port and total nodes.
+	var hs [maxRequestLevel + 2]uint64
+	var ns [maxRequestLevel + 2]uint8
+	k := 0
+	if addr.Is4() {
+		st.judged[0].Add(1)
+		a4 := addr.As4()
+		a := uint64(binary.BigEndian.Uint32(a4[:]))
+		for i := range min(p.levels[0], maxRequestLevel) {
+			n := nodeIPv4First + i
+			// sketchHash(seed, 0, lo, 0, n); with hi = 0 its first step is mix0.
+			hs[k] = mix64(mix64(l.mix0^(a&^(math.MaxUint32>>p.prefix[n]))) ^ uint64(n))
+			ns[k] = uint8(n)
+			k++
+		}
+	} else {
+		st.judged[1].Add(1)
+		a16 := addr.As16()
+		hi, lo := binary.BigEndian.Uint64(a16[:8]), binary.BigEndian.Uint64(a16[8:])
+		// sketchHash(seed, mhi, mlo, 0, n), its first step shared by consecutive
+		// levels with the same masked hi (all levels of /64 and longer).
+		prevHi, h1 := hi, mix64(l.seedv^hi)
+		for i := range min(p.levels[1], maxRequestLevel) {
+			n := nodeIPv6First + i
+			mhi, mlo := maskIPv6(hi, lo, p.prefix[n])
+			if mhi != prevHi {
+				prevHi, h1 = mhi, mix64(l.seedv^mhi)
+			}
+			hs[k] = mix64(mix64(h1^mlo) ^ uint64(n))
+			ns[k] = uint8(n)
+			k++
+		}
+	}
+	if p.limit[nodePort] != 0 {
+		hs[k], ns[k] = mix64(l.mix00^(uint64(src.Port())<<8|nodePort)), nodePort
+		k++
+	}
+	if p.limit[nodeTotal] != 0 {
+		hs[k], ns[k] = mix64(l.mix00^nodeTotal), nodeTotal
+		k++
+	}
+	// Then every node counts the arrival, and the first node whose limit the draw
+	// exceeds (u*rate >= limit) decides.
+	t := uint64(max(now, 0))
+	u := Fixed(rand) // the draw as a fraction in [0, 1)
+	decider := -1
+	for j := range k {
+		n := ns[j]
+		c := l.sketch[n].arrive(hs[j], t)
+		if decider < 0 && u.Mul(arrivalRate(c)) >= p.limit[n] {
+			decider = int(n)
+		}
+	}
+	if decider < 0 {
+		return LimiterVerdict{Allowed: true, node: -1}
+	}
+	st.limited[decider].Add(1)
+	return LimiterVerdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
+}
+
+// maskIPv6 keeps the first bits bits of the 128-bit address hi:lo.
+func maskIPv6(hi, lo uint64, bits int) (uint64, uint64) {
+	if bits >= 64 {
+		return hi, lo &^ (math.MaxUint64 >> (bits - 64))
+	}
+	return hi &^ (math.MaxUint64 >> bits), 0
+}
+
+// Stats returns the Limiter's counters since it was made. Counters are kept per
+// node position, so after an Update that adds or removes levels a node's count
+// includes what the level previously at its position limited.
+func (l *Limiter) Stats() LimiterStats {
+	p := l.params.Load()
+	var s LimiterStats
+	var limited [numNodes]uint64
+	for i := range l.stats {
+		sh := &l.stats[i]
+		s.IPv4 += sh.judged[0].Load()
+		s.IPv6 += sh.judged[1].Load()
+		s.Exempt += sh.exempt.Load()
+		for n := range limited {
+			limited[n] += sh.limited[n].Load()
+		}
+	}
+	for _, n := range limited {
+		s.Limited += n
+	}
+	add := func(n int, packets uint64) {
+		s.Nodes = append(s.Nodes, LimiterNodeStats{p.name[n], p.limit[n].Float64(), packets, limited[n]})
+	}
+	for i := range p.levels[0] {
+		add(nodeIPv4First+i, s.IPv4)
+	}
+	for i := range p.levels[1] {
+		add(nodeIPv6First+i, s.IPv6)
+	}
+	if p.limit[nodePort] != 0 {
+		add(nodePort, s.IPv4+s.IPv6)
+	}
+	if p.limit[nodeTotal] != 0 {
+		add(nodeTotal, s.IPv4+s.IPv6)
+	}
+	return s
+}
+
+// MemoryBytes returns the memory of the Limiter's sketches in bytes: 786,432
+// (12 nodes x 2 rows x 2048 cells x 16 bytes), whatever the traffic.
+func (l *Limiter) MemoryBytes() int {
+	return int(unsafe.Sizeof(*l.sketch))
+}
+
+// seed returns the hash seed (for loading the same seed into the kernel program).
+func (l *Limiter) seed() uint64 { return l.seedv }
+
+// cell returns one sketch cell of a node.
+func (l *Limiter) cell(node, row int, col uint32) (count Fixed, last uint64) {
+	return l.sketch[node][row][col].load()
+}
+
+// nodeLimit returns a node's limit, 0 when the node is off.
+func (l *Limiter) nodeLimit(node int) Fixed { return l.params.Load().limit[node] }
+
+// nodePrefix returns a node's prefix length (0 for the port and total nodes and for
+// unused level nodes).
+func (l *Limiter) nodePrefix(node int) int { return l.params.Load().prefix[node] }
+
+// nodeIndex returns the sketch index of the node that limited the packet, -1 for none.
+func (v LimiterVerdict) nodeIndex() int { return int(v.node) }
