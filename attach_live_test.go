@@ -115,9 +115,9 @@ func (r *liveRun) report(t *testing.T) {
 
 func within(got, want, tol float64) bool { return got >= want*(1-tol) && got <= want*(1+tol) }
 
-// legitFlows are ordinary clients: n sources in distinct /16s (127.100+i.0.1), each
+// liveLegitFlows are ordinary clients: n sources in distinct /16s (127.100+i.0.1), each
 // on its own ephemeral-range port, at rate pps each, sending minimal queries.
-func legitFlows(n int, rate float64, dur time.Duration) []flow {
+func liveLegitFlows(n int, rate float64, dur time.Duration) []flow {
 	var out []flow
 	for i := 0; i < n; i++ {
 		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, byte(100 + i), 0, 1}), uint16(50000+i))
@@ -177,7 +177,7 @@ func TestLiveLimiterScenarios(t *testing.T) {
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			srv, f := attachLive(t, fmt.Sprint(L))
-			flows := append(sc.attack, legitFlows(10, 0.05*L, dur)...)
+			flows := append(sc.attack, liveLegitFlows(10, 0.05*L, dur)...)
 			run := runLive(t, srv, f, flows, dur)
 			run.report(t)
 			got := run.admitted(0, from, to)
