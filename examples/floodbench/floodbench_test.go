@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dnsrake/rrl"
 	"golang.org/x/sys/unix"
 )
 
@@ -484,6 +485,51 @@ func TestSmoke(t *testing.T) {
 			want := sc.plan(newSources(false, 1, 0), 500, 2*time.Second).attackRate
 			if !within(r.AttackOfferedPPS, want, 0.05) || progressed.Load() < 4 {
 				t.Errorf("attack offered %.0f pps, want %.0f; progress calls %d", r.AttackOfferedPPS, want, progressed.Load())
+			}
+		})
+	}
+}
+
+// Datagrams the kernel dropped on arrival are the filter's refusals or overflow:
+// measure tells them apart in both modes.
+func TestMeasureOverflow(t *testing.T) {
+	d := 4 * time.Second
+	pl := plan{length: d, attackStart: attackStart, attackEnd: d, attackRate: 5000}
+	groups := func(attackSent int) [numGroups]series {
+		var g [numGroups]series
+		for i := range g {
+			g[i] = newSeries(d)
+		}
+		g[groupAttack].Offered[60] = attackSent
+		return g
+	}
+	tests := []struct {
+		name       string
+		scenario   string
+		mode       string
+		seen, pass uint64
+		read       uint64
+		drops      uint64
+		attackSent int
+		overflow   int64
+	}{
+		{"ebpf, every drop the filter's", "heavy", "ebpf", 100, 60, 60, 40, 100, 0},
+		{"ebpf, five more drops than refusals", "heavy", "ebpf", 100, 60, 60, 45, 100, 5},
+		{"ebpf, five passed but never read", "heavy", "ebpf", 100, 60, 55, 40, 100, 5},
+		{"classic, stateless drops only", "port-11211", "classic+go", 0, 0, 10, 30, 30, 0},
+		{"classic, two more than the stateless drops", "port-11211", "classic+go", 0, 0, 10, 32, 30, 2},
+		{"classic, the Go limiter's scenario", "heavy", "classic+go", 0, 0, 70, 3, 30, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sc := selectScenarios(tt.scenario)[0]
+			st := rrl.FilterStats{Seen: tt.seen, Passed: tt.pass}
+			r := measure(sc, &env{L: 500}, pl, tt.mode, groups(tt.attackSent), &server{read: tt.read}, st, tt.drops)
+			if r.Overflowed != tt.overflow || r.Meaningful != (tt.overflow == 0) {
+				t.Errorf("overflowed %d, meaningful %v; want %d", r.Overflowed, r.Meaningful, tt.overflow)
+			}
+			if r.Checks[0].Pass != r.Meaningful {
+				t.Errorf("overflow check %+v", r.Checks[0])
 			}
 		})
 	}

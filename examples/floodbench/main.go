@@ -100,10 +100,10 @@ func selectScenarios(name string) []scenario {
 }
 
 // probe finds out which filter and which senders this process may use.
-func probe() (mode string, raw bool, why string, err error) {
+func probe() (mode string, raw bool, err error) {
 	conn, err := listen(false)
 	if err != nil {
-		return "", false, "", err
+		return "", false, err
 	}
 	defer conn.Close()
 	f, err := rrl.Attach(conn, rrl.NewConfig())
@@ -111,16 +111,16 @@ func probe() (mode string, raw bool, why string, err error) {
 	case err == nil:
 		mode = "ebpf"
 	case errors.Is(err, rrl.ErrNotPermitted):
-		mode, why = "classic+go", err.Error()
+		mode = "classic+go"
 	default:
-		return "", false, "", err
+		return "", false, err
 	}
 	f.Close()
 	if r, err := loadgen.NewRawSender(conn.LocalAddr().(*net.UDPAddr).AddrPort()); err == nil {
 		r.Close()
 		raw = true
 	}
-	return mode, raw, why, nil
+	return mode, raw, nil
 }
 
 func isTerminal(f *os.File) bool {
@@ -128,25 +128,21 @@ func isTerminal(f *os.File) bool {
 	return err == nil
 }
 
-// newGoLimiter makes the Go request limiter used when eBPF is not permitted; nil
-// when this build has none.
-var newGoLimiter func(*rrl.Config) (goLimiter, error)
+// newGoLimiter makes the Go request limiter used when eBPF is not permitted.
+func newGoLimiter(cfg *rrl.Config) (goLimiter, error) { return rrl.NewLimiter(cfg) }
 
 func run(args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	mode, raw, why, err := probe()
+	mode, raw, err := probe()
 	if err != nil {
 		return err
 	}
 	desc := "eBPF request limiter in the kernel"
 	if mode != "ebpf" {
-		desc = "classic prefilter in the kernel + Go Limiter on every datagram read (" + why + ")"
-		if newGoLimiter == nil {
-			return fmt.Errorf("eBPF is not permitted and this build has no Go limiter: %s", why)
-		}
+		desc = "eBPF not permitted to this process: classic prefilter in the kernel + Go Limiter on every datagram read"
 	}
 	srcDesc := "spoofed through a raw socket"
 	if !raw {
