@@ -71,7 +71,7 @@ func scenarioPlot(r *Result) (*plot.Plot, error) {
 		p.Legend.Add(fmt.Sprintf("limit (%s)", r.LimitedBy), limit)
 		// The first packets of a flood pass before the estimate catches up: keep
 		// that spike from flattening the rest of the plot (lines are clipped).
-		p.Y.Max = 3 * max(r.GroupLimitPPS, 1.5*legitRate(r.LimitPPS)*legitClients/2)
+		p.Y.Max = 3 * max(r.GroupLimitPPS, r.LimitPPS)
 	}
 	return p, nil
 }

@@ -189,7 +189,7 @@ var scenarios = []scenario{
 		note: "the flood is spread so thin over sources and ports that each stays within every per-source limit: the filter cannot tell it from many clients and passes it whole (total-requests-per-second, see capacity, is the defence)",
 	},
 	{
-		name: "capacity", desc: "random sources, random ports, 20x the limit, total-requests-per-second 4x",
+		name: "capacity", desc: "volumetric, with total-requests-per-second at 4x the limit",
 		limitedBy: byFamily("total", "total"), groupLimit: times(4), totalFactor: 4,
 		plan: func(s *sources, L float64, d time.Duration) plan {
 			return steady(d, 20*L, func(int) netip.AddrPort { return netip.AddrPortFrom(s.random(), s.randomPort()) })
