@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -423,38 +425,51 @@ func TestWriteSVG(t *testing.T) {
 	}
 }
 
-// requirePrivilege skips t unless the process has CAP_BPF, CAP_NET_RAW and
-// CAP_NET_ADMIN (root), or fails it when RRL_REQUIRE_BPF=1 forbids skipping: the
-// same rule as the rrl package's privileged tests.
-func requirePrivilege(t *testing.T) {
+// requirePrivilege skips t unless the process has every capability in caps in its
+// effective set (root has them all), or fails it when RRL_REQUIRE_BPF=1 forbids
+// skipping: the same rule as the rrl package's privileged tests.
+func requirePrivilege(t *testing.T, caps ...int) {
 	t.Helper()
 	status, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var caps uint64
+	var have uint64
 	for line := range strings.Lines(string(status)) {
 		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			if caps, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
+			if have, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	need := uint64(1)<<unix.CAP_BPF | 1<<unix.CAP_NET_RAW | 1<<unix.CAP_NET_ADMIN
-	if caps&need == need {
+	var missing []string
+	for _, c := range caps {
+		if have&(1<<c) == 0 {
+			missing = append(missing, capNames[c])
+		}
+	}
+	if len(missing) == 0 {
 		return
 	}
-	msg := fmt.Sprintf("needs CAP_BPF, CAP_NET_RAW and CAP_NET_ADMIN (run as root); have %#x", caps)
+	msg := fmt.Sprintf("needs %s (run as root); euid %d lacks them", strings.Join(missing, ", "), os.Geteuid())
 	if os.Getenv("RRL_REQUIRE_BPF") == "1" {
 		t.Fatal(msg + ", and RRL_REQUIRE_BPF=1 forbids skipping")
 	}
 	t.Skip(msg + " (set RRL_REQUIRE_BPF=1 to fail instead)")
 }
 
+var capNames = map[int]string{
+	unix.CAP_BPF: "CAP_BPF", unix.CAP_NET_RAW: "CAP_NET_RAW", unix.CAP_NET_ADMIN: "CAP_NET_ADMIN",
+	unix.CAP_SETUID: "CAP_SETUID", unix.CAP_SETGID: "CAP_SETGID",
+}
+
+// What a benchmark run needs: loading eBPF, raw sockets, a deep receive queue.
+var benchCaps = []int{unix.CAP_BPF, unix.CAP_NET_RAW, unix.CAP_NET_ADMIN}
+
 // A short run on real sockets: spoofed sources through a raw socket, and sources
 // bound as an unprivileged process binds them.
 func TestSmoke(t *testing.T) {
-	requirePrivilege(t)
+	requirePrivilege(t, benchCaps...)
 	for _, tt := range []struct {
 		scenario string
 		raw      bool
@@ -533,4 +548,75 @@ func TestMeasureOverflow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// unprivilegedChild marks the test binary TestSmokeUnprivileged starts as uid 65534.
+const unprivilegedChild = "FLOODBENCH_UNPRIVILEGED_CHILD"
+
+// Without privileges the benchmark runs the classic prefilter with the Go Limiter
+// and sends from bound sockets: the parent (root) runs this test again as uid and
+// gid 65534 with no capabilities.
+func TestSmokeUnprivileged(t *testing.T) {
+	if os.Getenv(unprivilegedChild) == "1" {
+		if os.Geteuid() == 0 {
+			t.Fatal("the unprivileged child runs as root")
+		}
+		mode, raw, err := probe()
+		if err != nil || mode != "classic+go" || raw {
+			t.Fatalf("probe: mode %q, raw %v, %v; want classic+go from bound sockets", mode, raw, err)
+		}
+		e := &env{L: 500, d: 2 * time.Second, stop: new(atomic.Bool)}
+		r, err := e.run(selectScenarios("heavy")[0], newGoLimiter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		writeTable(&buf, []*Result{r})
+		t.Logf("\n%s", buf.String())
+		if r.Mode != "classic+go" || !r.Meaningful || r.LegitDeliveryPct < 99 || !within(r.AttackAdmittedPPS, 500, 0.2) {
+			t.Errorf("mode %s, meaningful %v, legit %.2f%%, admitted %.0f pps (want 500 ±20%%)",
+				r.Mode, r.Meaningful, r.LegitDeliveryPct, r.AttackAdmittedPPS)
+		}
+		return
+	}
+	requirePrivilege(t, unix.CAP_SETUID, unix.CAP_SETGID)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// go test builds the binary in a directory only root may enter: link it (or
+	// copy it) into one every user can.
+	dir, err := os.MkdirTemp("", "floodbench-unpriv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	child := filepath.Join(dir, "floodbench.test")
+	if os.Link(exe, child) != nil {
+		b, err := os.ReadFile(exe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(child, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(child, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(child, "-test.run=^TestSmokeUnprivileged$", "-test.v", "-test.count=1", "-test.timeout=60s")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), unprivilegedChild+"=1", "GORACE=atexit_sleep_ms=0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}},
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestSmokeUnprivileged ") {
+		t.Fatalf("unprivileged run: %v\n%s", err, out)
+	}
+	t.Logf("unprivileged run:\n%s", out)
 }

@@ -15,9 +15,10 @@
 // For every scenario it prints legitimate delivery, the attack's offered rate, its
 // group's limit, what was admitted in steady state (from one second after the attack
 // began) as a multiple of that limit, the time to converge (the centre of the first
-// 200 ms window admitting the limit ±10%) and to release (the first window in which
-// the group, back within its limit, gets what it sends, -10%), and datagrams lost to
-// receive-queue overflow, which makes a run not meaningful.
+// 200 ms window admitting the limit ±10%, the following 500 ms confirming it) and to
+// release (likewise, the first window in which the group, back within its limit,
+// gets at least 90% of what it sends), and datagrams lost to receive-queue overflow,
+// which make a run not meaningful. -json writes all that and every 10 ms count.
 package main
 
 import (
@@ -38,7 +39,11 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := run(os.Args[1:], os.Stdout, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "floodbench:", err)
 		os.Exit(1)
 	}
@@ -63,7 +68,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		names = append(names, s.name)
 	}
 	fs.StringVar(&o.scenario, "scenario", "", "run only this scenario: "+strings.Join(names, ", "))
-	fs.DurationVar(&o.duration, "duration", 4*time.Second, "length of each scenario (2s to 20s; start-stop runs 3s longer)")
+	fs.DurationVar(&o.duration, "duration", 4*time.Second, "length of each scenario (2s to 20s; start-stop runs 2s longer)")
 	fs.Float64Var(&o.limit, "limit", 500, "requests-per-second (100 to 2500; attacks send up to 20 times this)")
 	fs.BoolVar(&o.ipv6, "ipv6", false, "run every scenario over IPv6 too, inside a network namespace (root)")
 	fs.BoolVar(&o.json, "json", false, "write the results as JSON instead of a table")
