@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -61,6 +62,16 @@ func (n *Netns) Do(fn func() error) error {
 		}
 	}()
 	return fn()
+}
+
+// AddAddress assigns addr to the namespace's loopback, so that ordinary sockets in
+// it can bind to addr as a source.
+func (n *Netns) AddAddress(addr netip.Addr) error {
+	p := netip.PrefixFrom(addr, addr.BitLen())
+	if out, err := exec.Command("ip", "-n", n.Name, "addr", "add", p.String(), "dev", "lo").CombinedOutput(); err != nil {
+		return fmt.Errorf("ip addr add %s: %v: %s", p, err, out)
+	}
+	return nil
 }
 
 // Close deletes the namespace.
