@@ -42,7 +42,7 @@ func (m FilterMode) String() string {
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 1
+const layoutVersion = 2
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter

@@ -7,29 +7,46 @@ package rrl
 // Estimator. Each cell holds an exponentially decayed count of the packets that
 // hashed to it and the time of its last update. On an arrival at time now the count
 // is first decayed by 2^(-(now-last)/H), then incremented by one. H, the half-life,
-// is 2^28 ns (268 ms), so the decay's time constant is tau = H/ln 2 = 387 ms. For a
-// steady rate r the count converges to r*tau (within 8% after one second, within
-// 0.6% after two), and after the source stops it halves every 268 ms (below 10% within
-// one second). The rate estimate taken at an arrival is (count - 1/2) / tau: halfway
+// is 200 ms, so the decay's time constant is tau = H/ln 2 = 289 ms. For a steady rate
+// r the count converges to r*tau (within 10% after 0.67 s, within 3% after one
+// second), and after the source stops it halves every 200 ms (below 10% within
+// 0.67 s). The rate estimate taken at an arrival is (count - 1/2) / tau: halfway
 // between the count just before and just after the arrival, which removes the
-// first-order sawtooth bias (a steady 10 pps flow reads as 10.05 pps, not 12.6).
-// A fresh source's first packet reads as 1.3 pps and a burst of n packets as about
-// 2.6*n pps, never as the reciprocal of a tiny inter-arrival time.
+// first-order sawtooth bias (a steady 10 pps flow reads as 10.1 pps, not 12.8).
+// A fresh source's first packet reads as 1.7 pps and a burst of n packets as about
+// 3.5*n pps, never as the reciprocal of a tiny inter-arrival time.
+//
+// The half-life trades noise for speed. One estimate's relative noise is about
+// 1/sqrt(2*rate*tau), 13% at 100 pps, which softens the edge of a limit for sources
+// close to it. A flood of k times the limit converges to the limit (admitting less
+// than 10% over it) after tau*ln 11 = 0.69 s, whatever k, and the flooding source is
+// estimated back under its limit H*log2(k) after it stops: 0.66 s at 10 times the
+// limit, 1.3 s at 100 times.
 //
 // Time standing still or stepping backwards decays nothing and leaves the cell's
 // time unchanged; the arrival is still counted.
 //
-// The decay factor 2^(-d/H) is computed without floating point: d/H splits into an
-// integer part k (a right shift) and a fraction in 1/64 steps looked up in
-// decayTable, linearly interpolated in between (relative error below 2e-5).
+// The decay factor 2^(-d/H) is computed without floating point or division: d/H
+// comes from one multiplication by a fixed-point reciprocal (decayScale), its
+// integer part k is a right shift, and its fraction is looked up in 1/64 steps in
+// decayTable and linearly interpolated in between (relative error below 2e-5).
 
 const (
-	// halfLifeShift: the estimator's half-life is 1<<halfLifeShift nanoseconds.
-	halfLifeShift = 28
+	// halfLifeNanos is the estimator's half-life.
+	halfLifeNanos = 200_000_000
+	// decayFracBits: decayFactor computes dt/H with this many fraction bits.
+	decayFracBits = 22
 	// decayTableShift: decayTable has 1<<decayTableShift steps per half-life.
 	decayTableShift = 6
-	// rateScale is 1/tau in Fixed: ln 2 * 1e9 / 2^28 per second, 2.582 (×2^32).
-	rateScale Fixed = 11090354889
+	// decayInterpBits: the fraction bits left for interpolating between table steps.
+	decayInterpBits = decayFracBits - decayTableShift
+	// decayScale is round(2^(32+decayFracBits) / halfLifeNanos): (dt*decayScale)>>32
+	// is dt/H with decayFracBits fraction bits (exact to 3e-9 relative).
+	decayScale = 90071993
+	// decayHorizon: after 32 half-lives every count below 2^32 has decayed to 0.
+	decayHorizon = 32 * halfLifeNanos
+	// rateScale is 1/tau in Fixed: ln 2 / 0.2 s = 3.466 per second (×2^32).
+	rateScale Fixed = 14885222359
 )
 
 // decayTable[i] is 2^(-i/64) in Fixed, rounded to nearest.
@@ -53,18 +70,18 @@ var decayTable = [1<<decayTableShift + 1]uint64{
 	2147483648,
 }
 
-// decayFactor returns 2^(-dt/2^28) for dt nanoseconds, as a Fixed in [0, 1].
+// decayFactor returns 2^(-dt/H) for dt nanoseconds, as a Fixed in [0, 1].
 func decayFactor(dt uint64) Fixed {
-	k := dt >> halfLifeShift
-	if k >= 32 {
+	if dt >= decayHorizon {
 		return 0
 	}
-	const fracBits = halfLifeShift - decayTableShift // 22
-	f := dt & (1<<halfLifeShift - 1)
-	i := f >> fracBits
-	r := f & (1<<fracBits - 1)
+	u := dt * decayScale >> 32 // dt/H, decayFracBits fraction bits; dt < 2^33, no overflow
+	k := u >> decayFracBits
+	f := u & (1<<decayFracBits - 1)
+	i := f >> decayInterpBits
+	r := f & (1<<decayInterpBits - 1)
 	hi, lo := decayTable[i], decayTable[i+1]
-	v := hi - ((hi-lo)*r)>>fracBits
+	v := hi - ((hi-lo)*r)>>decayInterpBits
 	return Fixed(v >> k)
 }
 

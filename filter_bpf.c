@@ -29,7 +29,7 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-#define LAYOUT_VERSION 1
+#define LAYOUT_VERSION 2
 
 #define MAX_LEVELS 5
 #define NODE_IPV4_FIRST 0
@@ -43,10 +43,13 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define SKETCH_WIDTH (1 << SKETCH_WIDTH_SHIFT)
 #define NUM_CELLS (NUM_NODES * SKETCH_DEPTH * SKETCH_WIDTH)
 
-#define HALF_LIFE_SHIFT 28
+#define HALF_LIFE_NS 200000000ULL
+#define DECAY_FRAC_BITS 22
 #define DECAY_TABLE_SHIFT 6
-#define DECAY_FRAC_BITS (HALF_LIFE_SHIFT - DECAY_TABLE_SHIFT)
-#define RATE_SCALE 11090354889ULL
+#define DECAY_INTERP_BITS (DECAY_FRAC_BITS - DECAY_TABLE_SHIFT)
+#define DECAY_SCALE 90071993ULL
+#define DECAY_HORIZON (32 * HALF_LIFE_NS)
+#define RATE_SCALE 14885222359ULL
 
 #define FP_ONE (1ULL << 32)
 #define FP_HALF (1ULL << 31)
@@ -224,14 +227,15 @@ static __always_inline fp_t fp_sub(fp_t a, fp_t b)
 
 static __always_inline fp_t decay_factor(__u64 dt)
 {
-	__u64 k = dt >> HALF_LIFE_SHIFT;
-	if (k >= 32)
+	if (dt >= DECAY_HORIZON)
 		return 0;
-	__u64 f = dt & ((1ULL << HALF_LIFE_SHIFT) - 1);
-	__u64 i = f >> DECAY_FRAC_BITS;
-	__u64 r = f & ((1ULL << DECAY_FRAC_BITS) - 1);
+	__u64 u = (dt * DECAY_SCALE) >> 32;
+	__u64 k = u >> DECAY_FRAC_BITS;
+	__u64 f = u & ((1ULL << DECAY_FRAC_BITS) - 1);
+	__u64 i = f >> DECAY_INTERP_BITS;
+	__u64 r = f & ((1ULL << DECAY_INTERP_BITS) - 1);
 	__u64 hi = decay_table[i], lo = decay_table[i + 1];
-	return (hi - (((hi - lo) * r) >> DECAY_FRAC_BITS)) >> k;
+	return (hi - (((hi - lo) * r) >> DECAY_INTERP_BITS)) >> k;
 }
 
 // cell_arrive decays a cell to now and counts one arrival (cellArrive).
@@ -622,7 +626,7 @@ pass:
 }
 
 // The clock is CLOCK_MONOTONIC at tick resolution (1 to 4 ms): a fraction of a
-// percent of the estimator's 387 ms time constant, and several times cheaper to read
+// percent of the estimator's 289 ms time constant, and several times cheaper to read
 // than the precise clock on virtual machines. Packets within one tick decay nothing
 // between them, exactly as the model treats equal timestamps. Needs Linux 5.11.
 SEC("socket")

@@ -287,8 +287,8 @@ func TestRateScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// rateScale = round(ln 2 * 1e9 / 2^28 * 2^32) = round(ln 2 * 1e9 * 16).
-	v := new(big.Float).SetPrec(prec).Mul(ln2, big.NewFloat(1e9*16))
+	// rateScale = round(ln 2 * 1e9 / halfLifeNanos * 2^32) = round(ln 2 * 5 * 2^32).
+	v := new(big.Float).SetPrec(prec).Mul(ln2, big.NewFloat(1e9/halfLifeNanos*(1<<32)))
 	v.Add(v, big.NewFloat(0.5))
 	want, _ := v.Int(nil)
 	if got := bu(uint64(rateScale)); got.Cmp(want) != 0 {
@@ -324,7 +324,7 @@ func TestDecayTable(t *testing.T) {
 }
 
 func TestDecayFactor(t *testing.T) {
-	const h = 1 << halfLifeShift
+	const h = halfLifeNanos
 	// Exact points: whole half-lives and table steps.
 	for k := range uint64(40) {
 		want := Fixed(0)
@@ -336,7 +336,7 @@ func TestDecayFactor(t *testing.T) {
 		}
 	}
 	for i := range decayTable[:len(decayTable)-1] {
-		if got := decayFactor(uint64(i) << (halfLifeShift - decayTableShift)); got != Fixed(decayTable[i]) {
+		if got := decayFactor(uint64(i) * halfLifeNanos >> decayTableShift); got != Fixed(decayTable[i]) {
 			t.Errorf("decayFactor(step %d) = %d, want %d", i, uint64(got), decayTable[i])
 		}
 	}

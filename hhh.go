@@ -36,14 +36,15 @@ import (
 //
 // Estimator. Each node has a CountMin sketch (2 rows of 2048 cells, keyed by a
 // per-Limiter random seed) whose cells hold an exponentially decayed count with a
-// half-life of 268 ms, in fixed point (see countmin.go): a steady rate is estimated
-// within 10% after one second (limiting starts within tens of milliseconds of a
-// flood); a group that stops sending is released once its decaying estimate falls
-// under its limit, 268 ms times log2(rate/limit) later (0.9 s at 10 times the limit,
-// 1.8 s at 100 times); and bursts are not mistaken for huge rates. The estimate of a
-// random (Poisson) source is noisy, with a relative standard deviation of
-// 1/sqrt(2*rate*0.387 s), 11% at 100 packets per second, so the limit has a soft
-// edge: with a limit of 100, a source at 80 loses 0.1% and one at 100 about 4%. Sharing cells can only over-estimate a
+// half-life of 200 ms, in fixed point (see countmin.go): a steady rate is estimated
+// within 10% after 0.7 s (limiting starts within tens of milliseconds of a flood and
+// admits less than 10% over the limit after 0.7 s); a group that stops sending is
+// released once its decaying estimate falls under its limit, 200 ms times
+// log2(rate/limit) later (0.66 s at 10 times the limit, 1.3 s at 100 times); and
+// bursts are not mistaken for huge rates. The estimate of a random (Poisson) source is
+// noisy, with a relative standard deviation of 1/sqrt(2*rate*0.289 s), 13% at 100
+// packets per second, so the limit has a soft edge: with a limit of 100, a source at
+// 80 loses about 0.2% and one at 100 about 5%. Sharing cells can only over-estimate a
 // group, by at most 0.13% of its node's total traffic with probability 86% per
 // group, and both rows must collide to matter.
 //

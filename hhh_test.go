@@ -424,13 +424,13 @@ func TestLimiterNearLimit(t *testing.T) {
 }
 
 // TestLimiterReleaseTime measures how long a source stays limited after it stops
-// sending: its count decays by half every H = 268 ms, so a source that ran at k
-// times its limit stays over it for H*log2(k): 0.89 s at 10x, 1.78 s at 100x, 2.67 s
-// at 1000x. "Released within 2 s" therefore holds up to 176 times the limit; beyond,
-// release takes 268 ms more for every further doubling. The estimates are read
+// sending: its count decays by half every H = 200 ms, so a source that ran at k
+// times its limit stays over it for H*log2(k): 0.66 s at 10x, 1.33 s at 100x, 2.0 s
+// at 1000x. "Released within 2 s" therefore holds up to 1000 times the limit; beyond,
+// release takes 200 ms more for every further doubling. The estimates are read
 // every 10 ms without counting (countMin.rate) at all of the source's nodes.
 func TestLimiterReleaseTime(t *testing.T) {
-	const h = float64(1<<halfLifeShift) / second
+	const h = float64(halfLifeNanos) / second
 	src := netip.MustParseAddrPort("198.51.100.7:40000")
 	for _, k := range []float64{10, 100, 1000} {
 		l := testLimiter(t, simL)
@@ -518,7 +518,7 @@ func TestLimiterTimeline(t *testing.T) {
 		limited string
 	}
 	var steps []step
-	// 40 packets in one instant: the count reaches 40, rate (40-0.5)*2.58 = 102 pps.
+	// 40 packets in one instant: the count reaches 40, rate (40-0.5)*3.47 = 137 pps.
 	for range 39 {
 		steps = append(steps, step{src, 1000, 0, true, "none"}) // draw 0 always passes
 	}
