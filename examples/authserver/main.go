@@ -108,8 +108,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 
 // demoSettings are the demo's rrl settings, applied before the flags: five answers
 // per second per client network and name (BIND's usual advice), and a request limit
-// well above what a legitimate resolver sends.
-var demoSettings = [][2]string{{"responses-per-second", "5"}, {"requests-per-second", "100"}, {"slip-ratio", "2"}}
+// well above what a legitimate resolver sends. The request limiter holds a /24 to
+// half of requests-per-second, so that what it lets through stays under Debit's own
+// requests-per-second account and the response accounts show their work.
+var demoSettings = [][2]string{{"responses-per-second", "5"}, {"requests-per-second", "100"},
+	{"ipv4-request-levels", "32:1 24:0.5 16:16"}, {"slip-ratio", "2"}}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
