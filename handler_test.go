@@ -589,3 +589,99 @@ func BenchmarkHandlerSend(b *testing.B) {
 		})
 	}
 }
+
+func TestHandlerConcurrentSharedResponse(t *testing.T) {
+	// Many queries at once writing one shared message, with cookies and slips:
+	// the race detector finds any write to the shared message.
+	resp := new(dns.Msg)
+	resp.SetReply(query("www.example.test.", dns.TypeA, false))
+	resp.Answer = append(resp.Answer, mustRR("www.example.test. 300 IN A 192.0.2.1"))
+	resp.SetEdns0(1232, false)
+	before := resp.String()
+	cfg := NewConfig()
+	cfg.SetValue("responses-per-second", "2")
+	cookies := NewCookies(CookieSecret{4})
+	h := NewHandler(staticHandler{resp}, NewRRL(cfg), WithCookies(cookies))
+	done := make(chan struct{})
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			w := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(g)), Port: 5000}}
+			for i := range 200 {
+				q := query("www.example.test.", dns.TypeA, true)
+				if i%2 == 0 {
+					SetCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, byte(g)})
+				}
+				h.ServeDNS(w, q)
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	if resp.String() != before {
+		t.Errorf("shared response modified:\n%s", resp)
+	}
+	st := h.Stats()
+	var total uint64
+	for a := range st.Responses {
+		for _, n := range st.Responses[a] {
+			total += n
+		}
+	}
+	if total != 800 || st.Responses[Slip][AllowanceAnswer] == 0 || st.SlippedBadCookie == 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// FuzzHandler feeds arbitrary queries and arbitrary responses of the inner handler,
+// written raw, through the middleware: it must not panic, and whatever it writes
+// must be a DNS message whose slips carry no records.
+func FuzzHandler(f *testing.F) {
+	q := query("www.example.test.", dns.TypeA, true)
+	SetCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	qb, _ := q.Pack()
+	r := new(dns.Msg)
+	r.SetReply(q)
+	r.Answer = append(r.Answer, mustRR("www.example.test. 300 IN A 192.0.2.1"))
+	rb, _ := r.Pack()
+	f.Add(qb, rb)
+	f.Add(qb, []byte{1, 2, 3})
+	r.Truncated = true // truncated by the inner handler itself: not a slip
+	rb, _ = r.Pack()
+	f.Add(qb, rb)
+	r.Rcode = dns.RcodeRefused
+	rb, _ = r.Pack()
+	f.Add(qb, rb)
+	cfg := NewConfig()
+	cfg.SetValue("responses-per-second", "1")
+	cfg.SetValue("slip-ratio", "1")
+	rr := NewRRL(cfg)
+	cookies := NewCookies(CookieSecret{1})
+	f.Fuzz(func(t *testing.T, query, response []byte) {
+		req := new(dns.Msg)
+		if req.Unpack(query) != nil {
+			return
+		}
+		inner := dns.HandlerFunc(func(w dns.ResponseWriter, _ *dns.Msg) { w.Write(response) })
+		innerTC := false // a response the inner handler truncated itself is no slip
+		if m := new(dns.Msg); m.Unpack(response) == nil {
+			innerTC = m.Truncated
+		}
+		for _, remote := range []net.Addr{
+			&net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000},
+			&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000},
+		} {
+			w := &fakeWriter{remote: remote}
+			NewHandler(inner, rr, WithCookies(cookies)).ServeDNS(w, req)
+			if w.last != nil && w.last.Truncated && !innerTC && len(w.last.Answer)+len(w.last.Ns) != 0 {
+				t.Fatalf("slip with records: %v", w.last)
+			}
+			if w.last != nil {
+				if _, err := w.last.Pack(); err != nil && w.last.Rcode == dns.RcodeBadCookie {
+					t.Fatalf("BADCOOKIE slip does not pack: %v", err)
+				}
+			}
+		}
+	})
+}
