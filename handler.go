@@ -175,7 +175,7 @@ func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	rw := h.writers.Get().(*responseWriter)
-	*rw = responseWriter{ResponseWriter: w, h: h, req: req, src: src, udp: udp}
+	*rw = responseWriter{ResponseWriter: w, h: h, src: src, udp: udp}
 	defer func() {
 		*rw = responseWriter{} // the pool keeps no request alive
 		h.writers.Put(rw)
@@ -276,7 +276,6 @@ func unhex(c byte) (byte, bool) {
 type responseWriter struct {
 	dns.ResponseWriter
 	h   *Handler
-	req *dns.Msg
 	src netip.AddrPort
 	udp bool
 
