@@ -6,11 +6,13 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -303,7 +305,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("exit status %d:\n%s\n%s", code, stderr.String(), stdout.String())
 	}
 	out := stdout.String()
-	t.Log("\n" + out)
+	t.Log(startLine.FindString(stderr.String()) + "\n" + out)
 	if !startLine.MatchString(stderr.String()) || !strings.Contains(stderr.String(), "\r") {
 		t.Errorf("stderr lacks the start-up line or the progress line: %q", stderr.String())
 	}
@@ -345,5 +347,56 @@ func TestDemo(t *testing.T) {
 	}
 	if !regexp.MustCompile(`the victim received \d+ bytes for the \d+ sent in its name: 0\.\d+x`).MatchString(out) {
 		t.Errorf("no amplification line below 1x in\n%s", out)
+	}
+}
+
+// unprivilegedEnv marks the child process TestDemoUnprivileged starts.
+const unprivilegedEnv = "AUTHSERVER_TEST_UNPRIVILEGED"
+
+func TestDemoUnprivileged(t *testing.T) {
+	// Run as root, TestDemo shows the kernel filter at work. This runs it again
+	// in a child process as nobody, without capabilities: the fallback (classic
+	// prefilter, Go request limiter, flood from bound sockets) must hold as well.
+	if os.Getenv(unprivilegedEnv) == "1" {
+		t.Skip("in the unprivileged child")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to start a child as another user; TestDemo already ran unprivileged")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// go test builds the binary in a private directory: copy it where nobody
+	// can run it.
+	dir, err := os.MkdirTemp("", "authserver-unpriv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "authserver.test")
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const nobody = 65534
+	cmd := exec.Command(bin, "-test.run", "^TestDemo$", "-test.count", "1", "-test.v")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), unprivilegedEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("unprivileged TestDemo: %v\n%s", err, out)
+	}
+	for _, want := range []string{"classic prefilter + Go request limiter", "dropped by the Go request limiter", "from bound sockets", "--- PASS: TestDemo"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("unprivileged run lacks %q:\n%s", want, out)
+		}
 	}
 }
