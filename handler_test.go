@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -684,4 +685,123 @@ func FuzzHandler(f *testing.F) {
 			}
 		}
 	})
+}
+
+// floodServer serves a counting handler on UDP with the Go request limiter in the
+// Handler (reader false) or in the reader (reader true), and returns the address,
+// the handler's call counter and the limiter.
+func floodServer(tb testing.TB, reader bool) (*net.UDPAddr, *atomic.Int64, *Limiter, *Handler) {
+	tb.Helper()
+	cfg := NewConfig()
+	if err := cfg.SetValue("requests-per-second", "10"); err != nil {
+		tb.Fatal(err)
+	}
+	lim, err := NewLimiter(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	calls := new(atomic.Int64)
+	inner := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
+		calls.Add(1)
+		m := new(dns.Msg)
+		m.SetReply(req)
+		w.WriteMsg(m)
+	})
+	var opts []HandlerOption
+	if !reader {
+		opts = append(opts, WithLimiter(lim))
+	}
+	h := NewHandler(inner, NewRRL(NewConfig()), opts...)
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pc.SetReadBuffer(4 << 20)
+	srv := &dns.Server{PacketConn: pc, Handler: h}
+	if reader {
+		srv.DecorateReader = LimitReader(lim)
+	}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go srv.ActivateAndServe()
+	<-started
+	tb.Cleanup(func() { srv.Shutdown() })
+	return pc.LocalAddr().(*net.UDPAddr), calls, lim, h
+}
+
+// judged returns how many packets lim has seen.
+func judged(lim *Limiter) uint64 { s := lim.Stats(); return s.IPv4 + s.IPv6 }
+
+func TestLimitReader(t *testing.T) {
+	addr, calls, lim, _ := floodServer(t, true)
+	flood, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 99, 0, 3)}, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer flood.Close()
+	q, _ := query("www.example.test.", dns.TypeA, false).Pack()
+	const n = 500
+	for range n {
+		flood.Write(q)
+	}
+	// Another client is answered.
+	if resp := exchange(t, "udp", addr.String(), query("www.example.test.", dns.TypeA, false), answerWait); resp == nil {
+		t.Fatal("no answer for another client")
+	}
+	for deadline := time.Now().Add(5 * time.Second); judged(lim) < n+1 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	st := lim.Stats()
+	if judged(lim) != n+1 || st.Limited == 0 || uint64(calls.Load())+st.Limited != n+1 {
+		t.Errorf("%d judged, %d limited, %d handled; want %d judged, handled + limited", judged(lim), st.Limited, calls.Load(), n+1)
+	}
+	if calls.Load() > n/5 {
+		t.Errorf("%d of %d flood queries reached the handler", calls.Load(), n)
+	}
+}
+
+// BenchmarkLimiterDrop measures what a flood costs the server when the Go request
+// limiter drops nearly all of it, in the Handler (after miekg/dns has unpacked the
+// query in a goroutine of its own) or in the reader (before). ns/op is the wall
+// time per flood packet with the sender keeping at most 64 packets queued, so it is
+// bounded by the server's cost per packet; cpu-ns/op is the process's CPU time per
+// packet (sender, server and kernel together).
+func BenchmarkLimiterDrop(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		reader bool
+	}{{"handler", false}, {"reader", true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			addr, _, lim, _ := floodServer(b, tc.reader)
+			flood, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 99, 0, 3)}, addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer flood.Close()
+			q, _ := query("www.example.test.", dns.TypeA, false).Pack()
+			wait := func(n int) { // until the server has judged all but the last few
+				for judged(lim)+64 < uint64(n) {
+					time.Sleep(20 * time.Microsecond)
+				}
+			}
+			cpu0 := processCPUNanos()
+			n := 0
+			for b.Loop() {
+				flood.Write(q)
+				if n++; n%64 == 0 {
+					wait(n)
+				}
+			}
+			wait(n + 64)
+			b.ReportMetric(float64(processCPUNanos()-cpu0)/float64(n), "cpu-ns/op")
+			b.ReportMetric(float64(lim.Stats().Limited)/float64(n), "dropped/op")
+		})
+	}
+}
+
+// processCPUNanos returns the process's CPU time, user and system, in nanoseconds.
+func processCPUNanos() int64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }

@@ -146,8 +146,10 @@ func (s *server) snapshot(mode rrl.FilterMode) demoResult {
 		if st, err := s.filter.Stats(); err == nil {
 			r.limiterDropped = int64(st.Dropped())
 		}
-	} else {
-		r.limiterDropped = o.reached.Load() - r.floodReached
+	} else if s.limiter != nil {
+		// Nearly all from the flood: the legitimate resolvers are far under
+		// their limits (the table's answered row shows it).
+		r.limiterDropped = int64(s.limiter.Stats().Limited)
 	}
 	return r
 }
@@ -384,8 +386,9 @@ func (f *flooder) close() {
 
 // observer sits in front of the rrl.Handler in the demo and sees what it does with
 // each flood query: written in full, slipped, or nothing. Its inner side, between
-// the rrl.Handler and the zone, counts the flood queries the Go request limiter
-// let through to response rate limiting.
+// the rrl.Handler and the zone, counts the flood queries that reached response rate
+// limiting (all that reach the Handler: the Go request limiter, when in use, drops
+// its share in the server's reader, before the Handler).
 type observer struct {
 	next, zone                  dns.Handler
 	reached, reachedRRL         atomic.Int64
@@ -415,7 +418,6 @@ func (o *observer) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		o.next.ServeDNS(w, req)
 		return
 	}
-	o.reached.Add(1)
 	ow := &observedWriter{ResponseWriter: w}
 	o.next.ServeDNS(ow, req)
 	switch {

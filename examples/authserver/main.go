@@ -229,9 +229,6 @@ func startServer(c serverConfig) (*server, error) {
 	var secret rrl.CookieSecret
 	rand.Read(secret[:]) // never fails (crypto/rand panics instead)
 	opts := []rrl.HandlerOption{rrl.WithCookies(rrl.NewCookies(secret))}
-	if s.limiter != nil {
-		opts = append(opts, rrl.WithLimiter(s.limiter))
-	}
 	var zone dns.Handler = c.zone
 	if c.observe {
 		s.observer = new(observer)
@@ -245,6 +242,11 @@ func startServer(c serverConfig) (*server, error) {
 	}
 	s.tcp = rrl.LimitListener(ln, c.tcpConns)
 	s.udpSrv = &dns.Server{PacketConn: udp, Handler: h}
+	if s.limiter != nil {
+		// Without the kernel filter, the Go request limiter drops a flood's
+		// excess as soon as it is read, before it is unpacked.
+		s.udpSrv.DecorateReader = rrl.LimitReader(s.limiter)
+	}
 	s.tcpSrv = &dns.Server{Listener: s.tcp, Handler: h, ReadTimeout: 5 * time.Second}
 	for _, srv := range []*dns.Server{s.udpSrv, s.tcpSrv} {
 		started := make(chan struct{})
