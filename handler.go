@@ -27,12 +27,12 @@ import (
 //  3. calls the inner handler with a wrapped ResponseWriter and catches the first
 //     message it writes;
 //  4. sends that response unlimited when the query came over UDP with a valid server
-//     cookie (the client has shown it receives packets at its address, RFC 7873
-//     section 5.2.3); otherwise debits the response's tuple (ResponseTupleFromMsg) with
+//     cookie (the client has shown it receives packets at its address, RFC 7873;
+//     BIND 9 skips rate limiting for them too); otherwise debits the response's tuple (ResponseTupleFromMsg) with
 //     RRL.DebitAddrPort, which for TCP applies requests-per-second only;
 //  5. acts on the verdict: Send writes the response, Drop writes nothing, and Slip
 //     writes BADCOOKIE with a fresh server cookie when the query carried a client
-//     cookie, otherwise the response truncated (TC=1, no answer, authority or
+//     cookie (RFC 7873 section 5.2.3 allows it; BIND 9 slips so), otherwise the response truncated (TC=1, no answer, authority or
 //     additional records besides the OPT record) so that a real client retries over
 //     TCP. An error response (the AllowanceError category: REFUSED, SERVFAIL, FORMERR
 //     and the rest) is never slipped but dropped, as BIND 9 does: a truncated error
