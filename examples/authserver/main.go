@@ -1,0 +1,364 @@
+// Command authserver is a small authoritative DNS server protected by rrl: the
+// kernel filter on its UDP socket (or, without CAP_BPF, the classic prefilter and
+// the Go request limiter), response rate limiting with slip and DNS cookies in
+// front of its handler, and a per-client limit on TCP connections.
+//
+// Usage:
+//
+//	authserver [-listen 127.0.0.1:5353] [-zone FILE [-origin NAME]] [-metrics ADDR]
+//	           [-KEYWORD VALUE ...]
+//	authserver -demo [-demo-duration 10s] [-demo-flood-rate 10000]
+//
+// It serves the embedded zone example.test. (see example.test.zone), or the zone in
+// FILE, over UDP and TCP. Every rrl configuration keyword is a flag of its own name
+// (-responses-per-second 5, -slip-ratio 2, -report-only, ...); only the flags given
+// are applied. -metrics serves Prometheus metrics at http://ADDR/metrics. SIGINT or
+// SIGTERM shuts the server down gracefully.
+//
+// With -demo it serves on a loopback port of its own and, for ten seconds, sends
+// itself the traffic of legitimate resolvers together with a spoofed amplification
+// flood (raw sockets when run as root, else ordinary sockets), shows the progress
+// and prints what reached whom. Exit status: 0 success, 1 failure, 2 bad usage.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dnsrake/rrl"
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// options are the parsed command line.
+type options struct {
+	listen      string
+	listenSet   bool
+	zoneFile    string
+	origin      string
+	metrics     string
+	tcpConns    int
+	settings    [][2]string // keyword, value: the rrl flags given, in order
+	demo        bool
+	demoDur     time.Duration
+	demoRate    float64
+	demoClients int
+}
+
+// parseFlags parses args; the error is a usage error.
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("authserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:5353", "`address` to serve on, UDP and TCP")
+	fs.StringVar(&o.zoneFile, "zone", "", "zone `file` to serve instead of the embedded example.test.")
+	fs.StringVar(&o.origin, "origin", "", "origin of -zone for relative names, when the file has no $ORIGIN")
+	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at http://`address`/metrics")
+	fs.IntVar(&o.tcpConns, "tcp-conns-per-client", rrl.DefaultTCPConnsPerClient, "concurrent TCP connections per IPv4 address or IPv6 /64")
+	fs.BoolVar(&o.demo, "demo", false, "serve on loopback and send itself legitimate traffic and a spoofed flood, then print a report")
+	fs.DurationVar(&o.demoDur, "demo-duration", 10*time.Second, "how long the -demo traffic runs")
+	fs.Float64Var(&o.demoRate, "demo-flood-rate", 10000, "flood packets per second in -demo")
+	fs.IntVar(&o.demoClients, "demo-clients", 8, "legitimate resolvers in -demo, 20 queries per second each")
+	check := rrl.NewConfig() // validates values as they are parsed
+	for _, kw := range rrl.ConfigKeywords() {
+		set := func(v string) error {
+			if err := check.SetValue(kw, v); err != nil {
+				return err
+			}
+			o.settings = append(o.settings, [2]string{kw, v})
+			return nil
+		}
+		usage := "rrl " + kw + " (see rrl.Config)"
+		if kw == "report-only" {
+			fs.BoolFunc(kw, usage, set)
+		} else {
+			fs.Func(kw, usage, set)
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	fs.Visit(func(f *flag.Flag) { o.listenSet = o.listenSet || f.Name == "listen" })
+	if o.demoDur <= 0 || o.demoRate < 0 || o.demoClients < 1 {
+		return nil, errors.New("-demo-duration, -demo-flood-rate and -demo-clients must be positive")
+	}
+	return o, nil
+}
+
+// demoSettings are the demo's rrl settings, applied before the flags: five answers
+// per second per client network and name (BIND's usual advice), and a request limit
+// well above what a legitimate resolver sends. The request limiter holds a /24 to
+// half of requests-per-second, so that what it lets through stays under Debit's own
+// requests-per-second account and the response accounts show their work.
+var demoSettings = [][2]string{{"responses-per-second", "5"}, {"requests-per-second", "100"},
+	{"ipv4-request-levels", "32:1 24:0.5 16:16"}, {"slip-ratio", "2"}}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "authserver: %v\n", err)
+		return 2
+	}
+	cfg := rrl.NewConfig()
+	if o.demo {
+		for _, kv := range demoSettings {
+			cfg.SetValue(kv[0], kv[1])
+		}
+		if !o.listenSet {
+			o.listen = "127.0.0.1:0"
+		}
+	}
+	for _, kv := range o.settings {
+		if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+			fmt.Fprintf(stderr, "authserver: %v\n", err)
+			return 2
+		}
+	}
+	z, err := openZone(o)
+	if err != nil {
+		fmt.Fprintf(stderr, "authserver: %v\n", err)
+		return 1
+	}
+	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo})
+	if err != nil {
+		fmt.Fprintf(stderr, "authserver: %v\n", err)
+		return 1
+	}
+	status := 0
+	if o.demo {
+		res, err := runDemo(ctx, srv, demoOptions{duration: o.demoDur, floodRate: o.demoRate, clients: o.demoClients, progress: stderr})
+		if err != nil {
+			fmt.Fprintf(stderr, "authserver: demo: %v\n", err)
+			status = 1
+		} else {
+			res.print(stdout, cfg)
+		}
+	} else {
+		fmt.Fprintf(stderr, "authserver: serving %s on %s (UDP and TCP); SIGINT or SIGTERM to stop\n", z.origin, srv.addr)
+		<-ctx.Done()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.shutdown(sctx); err != nil {
+		fmt.Fprintf(stderr, "authserver: shutdown: %v\n", err)
+		status = 1
+	}
+	return status
+}
+
+func openZone(o *options) (*zone, error) {
+	if o.zoneFile == "" {
+		return loadZone(strings.NewReader(demoZone), "", "example.test.zone")
+	}
+	f, err := os.Open(o.zoneFile)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return loadZone(f, o.origin, o.zoneFile)
+}
+
+// serverConfig is what startServer needs.
+type serverConfig struct {
+	listen   string
+	zone     *zone
+	cfg      *rrl.Config
+	tcpConns int
+	metrics  string    // "" for none
+	log      io.Writer // the start-up lines
+	observe  bool      // count what reaches clients, for the demo
+}
+
+// server is a running authserver.
+type server struct {
+	addr     string // host:port of both transports
+	rrl      *rrl.RRL
+	filter   *rrl.Filter
+	limiter  *rrl.Limiter // nil with the eBPF filter
+	handler  *rrl.Handler
+	tcp      *rrl.TCPLimiter
+	observer *observer // nil unless observing
+
+	udpSrv, tcpSrv *dns.Server
+	httpSrv        *http.Server
+	errc           chan error
+}
+
+// startServer opens the sockets, attaches the filter and starts serving; it returns
+// once both transports are ready.
+func startServer(c serverConfig) (*server, error) {
+	udp, ln, err := listenBoth(c.listen)
+	if err != nil {
+		return nil, err
+	}
+	s := &server{addr: udp.LocalAddr().String(), errc: make(chan error, 3)}
+	s.rrl, err = rrl.New(c.cfg)
+	if err == nil {
+		err = s.attach(udp, c)
+	}
+	if err != nil {
+		udp.Close()
+		ln.Close()
+		return nil, err
+	}
+
+	var secret rrl.CookieSecret
+	rand.Read(secret[:]) // never fails (crypto/rand panics instead)
+	opts := []rrl.HandlerOption{rrl.WithCookies(rrl.NewCookies(secret))}
+	var zone dns.Handler = c.zone
+	if c.observe {
+		s.observer = new(observer)
+		zone = s.observer.inner(zone)
+	}
+	s.handler = rrl.NewHandler(zone, s.rrl, opts...)
+	var h dns.Handler = s.handler
+	if c.observe {
+		s.observer.next = s.handler
+		h = s.observer
+	}
+	s.tcp = rrl.LimitListener(ln, c.tcpConns)
+	s.udpSrv = &dns.Server{PacketConn: udp, Handler: h}
+	if s.limiter != nil {
+		// Without the kernel filter, the Go request limiter drops a flood's
+		// excess as soon as it is read, before it is unpacked.
+		s.udpSrv.DecorateReader = rrl.LimitReader(s.limiter)
+	}
+	s.tcpSrv = &dns.Server{Listener: s.tcp, Handler: h, ReadTimeout: 5 * time.Second}
+	for _, srv := range []*dns.Server{s.udpSrv, s.tcpSrv} {
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
+		go func() { s.errc <- srv.ActivateAndServe() }()
+		select {
+		case <-started:
+		case err := <-s.errc:
+			s.shutdown(context.Background())
+			return nil, err
+		}
+	}
+	if c.metrics != "" {
+		if err := s.serveMetrics(c.metrics, c.log); err != nil {
+			s.shutdown(context.Background())
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// listenBoth opens UDP and TCP on the same address. For port 0 it tries a few
+// ports until the one UDP got is free for TCP too.
+func listenBoth(addr string) (*net.UDPConn, net.Listener, error) {
+	for try := 0; ; try++ {
+		ua, err := net.ResolveUDPAddr("udp", addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		udp, err := net.ListenUDP("udp", ua)
+		if err != nil {
+			return nil, nil, err
+		}
+		ln, err := net.Listen("tcp", udp.LocalAddr().String())
+		if err == nil {
+			return udp, ln, nil
+		}
+		udp.Close()
+		if ua.Port != 0 || try == 10 {
+			return nil, nil, err
+		}
+	}
+}
+
+// attach puts the kernel filter on udp and says in one line which protection
+// is in force.
+func (s *server) attach(udp *net.UDPConn, c serverConfig) error {
+	f, err := rrl.Attach(udp, c.cfg)
+	switch {
+	case err == nil:
+		s.filter = f
+		fmt.Fprintf(c.log, "rrl: kernel filter: %s (eBPF request limiter on the UDP socket)\n", f.Mode())
+		return nil
+	case f != nil: // ErrNotPermitted: the classic prefilter is attached
+		s.filter = f
+		fmt.Fprintf(c.log, "rrl: kernel filter unavailable (%v): classic prefilter + Go request limiter\n", err)
+	default:
+		fmt.Fprintf(c.log, "rrl: kernel filter unavailable (%v): Go request limiter only\n", err)
+	}
+	s.limiter, err = rrl.NewLimiter(c.cfg)
+	return err
+}
+
+// serveMetrics serves the Prometheus endpoint on addr.
+func (s *server) serveMetrics(addr string, log io.Writer) error {
+	opts := []rrl.CollectorOption{rrl.CollectHandler(s.handler), rrl.CollectTCPLimiter(s.tcp)}
+	if s.filter != nil {
+		opts = append(opts, rrl.CollectFilter(s.filter))
+	}
+	if s.limiter != nil {
+		opts = append(opts, rrl.CollectLimiter(s.limiter))
+	}
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(rrl.NewCollector("dns", s.rrl, opts...)); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := s.httpSrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			s.errc <- err
+		}
+	}()
+	fmt.Fprintf(log, "authserver: metrics on http://%s/metrics\n", ln.Addr())
+	return nil
+}
+
+// shutdown stops serving, waits for the queries in progress and detaches the
+// filter.
+func (s *server) shutdown(ctx context.Context) error {
+	var errs []error
+	for _, srv := range []*dns.Server{s.udpSrv, s.tcpSrv} {
+		if srv != nil {
+			if err := srv.ShutdownContext(ctx); err != nil && !strings.Contains(err.Error(), "not started") {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if s.httpSrv != nil {
+		errs = append(errs, s.httpSrv.Shutdown(ctx))
+	}
+	if s.filter != nil {
+		// The servers closed the UDP socket, and the filter with it: what is
+		// left to close are the filter's programs and maps.
+		if err := s.filter.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

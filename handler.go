@@ -1,0 +1,506 @@
+package rrl
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Handler is middleware for github.com/miekg/dns servers: it sits in front of the
+// server's own dns.Handler, lets it answer, and then decides with an RRL whether the
+// answer goes out, is withheld, or is replaced by a slip.
+//
+// For every query it:
+//
+//  1. with a Limiter (WithLimiter, for servers where the kernel filter is not
+//     attached), drops UDP queries the Limiter refuses before the inner handler sees
+//     them;
+//  2. with Cookies (WithCookies), judges the query's COOKIE option (RFC 7873) and
+//     answers FORMERR, without calling the inner handler, when it is malformed;
+//  3. calls the inner handler with a wrapped ResponseWriter and catches the first
+//     message it writes;
+//  4. sends that response unlimited when the query came over UDP with a valid server
+//     cookie (the client has shown it receives packets at its address, RFC 7873;
+//     BIND 9 skips rate limiting for them too); otherwise debits the response's tuple (ResponseTupleFromMsg) with
+//     RRL.DebitAddrPort, which for TCP applies requests-per-second only;
+//  5. acts on the verdict: Send writes the response, Drop writes nothing, and Slip
+//     writes BADCOOKIE with a fresh server cookie when the query carried a client
+//     cookie (RFC 7873 section 5.2.3 allows it; BIND 9 slips so), otherwise the response truncated (TC=1, no answer, authority or
+//     additional records besides the OPT record) so that a real client retries over
+//     TCP. An error response (the AllowanceError category: REFUSED, SERVFAIL, FORMERR
+//     and the rest) is never slipped but dropped, as BIND 9 does: a truncated error
+//     tells a client nothing it could retry for, and FORMERR or REFUSED may be
+//     exactly what a spoofed flood provokes;
+//  6. puts a server cookie into every response it writes to a query that carried a
+//     client cookie (with Cookies).
+//
+// In report-only mode Debit always returns Send, so nothing is withheld and the
+// RRL's Stats count what would have been. Later messages the inner handler writes
+// for the same query (a zone transfer over TCP) follow the first one's fate and are
+// not debited again.
+//
+// The inner handler's message is never modified (it may be cached and shared): a
+// response that needs a cookie or a slip is written from a shallow copy. A response
+// written as raw bytes (ResponseWriter.Write) is unpacked to be judged. The wrapped
+// ResponseWriter, like miekg/dns's own, must not be used after the inner handler's
+// ServeDNS returns.
+//
+// An answer synthesised from a wildcard is accounted to the wildcard (see
+// ResponseTupleFromMsg): the inner handler says so with SetWildcardOrigin on its
+// ResponseWriter, or the Handler asks a WithWildcardFunc hook.
+//
+// A Handler is safe for concurrent use. On the Send path without cookies it
+// allocates nothing beyond what miekg/dns does; Stats returns its counters.
+type Handler struct {
+	next     dns.Handler
+	rrl      *RRL
+	cookies  *Cookies
+	limiter  *Limiter
+	now      func() time.Time
+	wildcard func(resp *dns.Msg) string
+	writers  sync.Pool
+
+	responses    [ActionLast][AllowanceLast]atomic.Uint64
+	badCookie    atomic.Uint64
+	cookieExempt atomic.Uint64
+	limited      atomic.Uint64
+	cookieCounts [CookieResultLast]atomic.Uint64
+}
+
+// HandlerOption configures a Handler.
+type HandlerOption func(*Handler)
+
+// WithCookies makes the Handler verify and issue DNS server cookies with c: queries
+// over UDP with a valid server cookie are not rate limited, responses to queries
+// with a client cookie carry a server cookie, slips become BADCOOKIE for them, and
+// malformed COOKIE options are answered with FORMERR.
+func WithCookies(c *Cookies) HandlerOption { return func(h *Handler) { h.cookies = c } }
+
+// WithLimiter makes the Handler drop UDP queries that l refuses before the inner
+// handler sees them. Use it when the kernel filter is not attached (Attach returned
+// ModeClassic), with a Limiter made from the same Config as the RRL. With the kernel
+// filter attached the kernel does this work: do not add a Limiter then. LimitReader
+// does the same job earlier and more cheaply, in the server's reader.
+func WithLimiter(l *Limiter) HandlerOption { return func(h *Handler) { h.limiter = l } }
+
+// WithWildcardFunc gives the Handler a function that returns the wildcard origin of
+// a response the inner handler wrote (see ResponseTupleFromMsg), or "" when the
+// response was not synthesised. It is consulted only when the inner handler did not
+// call SetWildcardOrigin.
+func WithWildcardFunc(f func(resp *dns.Msg) string) HandlerOption {
+	return func(h *Handler) { h.wildcard = f }
+}
+
+// WithClock sets the clock server cookies are made and verified with (time.Now by
+// default), for tests. The RRL has its own (Config.SetNowFunc).
+func WithClock(now func() time.Time) HandlerOption { return func(h *Handler) { h.now = now } }
+
+// NewHandler returns next wrapped in rate limiting by r. r must not be nil.
+func NewHandler(next dns.Handler, r *RRL, opts ...HandlerOption) *Handler {
+	h := &Handler{next: next, rrl: r, now: time.Now}
+	for _, o := range opts {
+		o(h)
+	}
+	h.writers.New = func() any { return new(responseWriter) }
+	return h
+}
+
+// WildcardReporter is implemented by the ResponseWriter a Handler gives to the inner
+// handler. An inner handler that synthesises an answer from a wildcard calls
+// SetWildcardOrigin before writing it, with the name the wildcard hangs from (for
+// "*.wild.example." that is "wild.example.").
+type WildcardReporter interface {
+	SetWildcardOrigin(origin string)
+}
+
+// SetWildcardOrigin tells the Handler behind w, if there is one, that the response
+// about to be written was synthesised from the wildcard below origin. It reports
+// whether w took the information. Inner handlers call it instead of a type
+// assertion, so that they work with or without the Handler in front.
+func SetWildcardOrigin(w dns.ResponseWriter, origin string) bool {
+	if wr, ok := w.(WildcardReporter); ok {
+		wr.SetWildcardOrigin(origin)
+		return true
+	}
+	return false
+}
+
+// HandlerStats are a Handler's counters since it was made.
+type HandlerStats struct {
+	// Responses counts what the Handler did with the inner handler's responses, by
+	// action and by the category of the response: Send (written, cookie-exempt ones
+	// included), Drop (withheld, slipped errors included) and Slip (truncated or
+	// BADCOOKIE). FORMERR responses to malformed cookies count as errors.
+	Responses [ActionLast][AllowanceLast]uint64
+	// SlippedBadCookie counts the slips written as BADCOOKIE; the other slips were
+	// truncated responses.
+	SlippedBadCookie uint64
+	// CookieExempt counts UDP responses sent without a Debit because the query had a
+	// valid server cookie (they are also in Responses[Send]).
+	CookieExempt uint64
+	// RequestsLimited counts UDP queries the Limiter refused: no response at all.
+	RequestsLimited uint64
+	// Cookies counts the verdicts on the queries' COOKIE options, by CookieResult
+	// (with WithCookies only).
+	Cookies [CookieResultLast]uint64
+}
+
+// Stats returns the Handler's counters.
+func (h *Handler) Stats() HandlerStats {
+	var s HandlerStats
+	for a := range s.Responses {
+		for c := range s.Responses[a] {
+			s.Responses[a][c] = h.responses[a][c].Load()
+		}
+	}
+	s.SlippedBadCookie = h.badCookie.Load()
+	s.CookieExempt = h.cookieExempt.Load()
+	s.RequestsLimited = h.limited.Load()
+	for i := range s.Cookies {
+		s.Cookies[i] = h.cookieCounts[i].Load()
+	}
+	return s
+}
+
+// ServeDNS implements dns.Handler.
+func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	src, udp := remoteAddrPort(w.RemoteAddr())
+	if udp && h.limiter != nil && !h.limiter.Allow(src) {
+		h.limited.Add(1)
+		return
+	}
+	rw := h.writers.Get().(*responseWriter)
+	*rw = responseWriter{ResponseWriter: w, h: h, src: src, udp: udp}
+	defer func() {
+		*rw = responseWriter{} // the pool keeps no request alive
+		h.writers.Put(rw)
+	}()
+
+	if h.cookies != nil {
+		rw.cookie, rw.hasCookie = cookieOption(req, &rw.cookieBuf)
+		if rw.hasCookie {
+			rw.cookieResult = h.cookies.Verify(rw.cookie, src.Addr(), h.now())
+		}
+		h.cookieCounts[rw.cookieResult].Add(1)
+		if rw.cookieResult == CookieMalformed {
+			// RFC 7873 section 5.2.2: a malformed COOKIE option is a format error.
+			m := new(dns.Msg)
+			m.SetRcode(req, dns.RcodeFormatError)
+			m.SetEdns0(responseUDPSize, false) // the query had one: its cookie
+			rw.WriteMsg(m)
+			return
+		}
+	}
+	h.next.ServeDNS(rw, req)
+}
+
+// responseUDPSize is the EDNS payload size advertised in OPT records the Handler
+// adds (the DNS flag day 2020 value, safe from fragmentation).
+const responseUDPSize = 1232
+
+// remoteAddrPort returns the query's source and whether it came over UDP, without
+// allocating for the address types miekg/dns uses.
+func remoteAddrPort(a net.Addr) (netip.AddrPort, bool) {
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		if a != nil {
+			ap := a.AddrPort()
+			return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
+		}
+	case *net.TCPAddr:
+		if a != nil {
+			ap := a.AddrPort()
+			return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), false
+		}
+	case nil:
+	default:
+		udp := strings.HasPrefix(a.Network(), "udp")
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			return netip.AddrPortFrom(ap.Addr().Unmap().WithZone(""), ap.Port()), udp
+		}
+		return netip.AddrPortFrom(parseAddr(a.String()).Unmap(), 0), udp
+	}
+	return netip.AddrPort{}, false
+}
+
+// cookieOption returns the content of the first COOKIE option of m decoded into buf,
+// and whether there was one, as CookieFromMsg does but without allocating. Content
+// longer than buf, or not valid hex, is returned as empty: malformed.
+func cookieOption(m *dns.Msg, buf *[ClientCookieLen + maxServerCookieLen]byte) ([]byte, bool) {
+	// m.IsEdns0 scans Extra from its end; the OPT record is normally last.
+	opt := m.IsEdns0()
+	if opt == nil {
+		return nil, false
+	}
+	for _, o := range opt.Option {
+		c, ok := o.(*dns.EDNS0_COOKIE)
+		if !ok {
+			continue
+		}
+		s := c.Cookie
+		if len(s)%2 != 0 || len(s)/2 > len(buf) {
+			return buf[:0], true
+		}
+		for i := 0; i < len(s); i += 2 {
+			hi, ok1 := unhex(s[i])
+			lo, ok2 := unhex(s[i+1])
+			if !ok1 || !ok2 {
+				return buf[:0], true
+			}
+			buf[i/2] = hi<<4 | lo
+		}
+		return buf[:len(s)/2], true
+	}
+	return nil, false
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+// responseWriter is the ResponseWriter the inner handler writes to: it holds back
+// the first response until the Handler has judged it.
+type responseWriter struct {
+	dns.ResponseWriter
+	h   *Handler
+	src netip.AddrPort
+	udp bool
+
+	cookieBuf    [ClientCookieLen + maxServerCookieLen]byte
+	cookie       []byte // the query's COOKIE option content, in cookieBuf
+	hasCookie    bool
+	cookieResult CookieResult
+
+	wildcard string
+	judged   bool // the first response was judged
+	withheld bool // ... and withheld: later ones are too
+}
+
+// SetWildcardOrigin implements WildcardReporter.
+func (rw *responseWriter) SetWildcardOrigin(origin string) { rw.wildcard = origin }
+
+// WriteMsg judges the first response and writes what the verdict says; later
+// responses follow its fate. A withheld response is not an error for the caller.
+func (rw *responseWriter) WriteMsg(m *dns.Msg) error {
+	if rw.judged {
+		if rw.withheld {
+			return nil
+		}
+		return rw.ResponseWriter.WriteMsg(m)
+	}
+	rw.judged = true
+	return rw.judge(m)
+}
+
+// Write unpacks a raw response to judge it; bytes that do not unpack are judged as
+// an error response and, if sent, sent as they are.
+func (rw *responseWriter) Write(b []byte) (int, error) {
+	if rw.judged {
+		if rw.withheld {
+			return len(b), nil
+		}
+		return rw.ResponseWriter.Write(b)
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(b); err == nil {
+		if err := rw.WriteMsg(m); err != nil {
+			return 0, err
+		}
+		return len(b), nil
+	}
+	rw.judged = true
+	t := ResponseTuple{AllowanceCategory: AllowanceError}
+	act, _, _ := rw.h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
+	if act != Send {
+		rw.h.responses[Drop][AllowanceError].Add(1)
+		rw.withheld = true
+		return len(b), nil
+	}
+	rw.h.responses[Send][AllowanceError].Add(1)
+	return rw.ResponseWriter.Write(b)
+}
+
+// ConnectionState returns the TLS state of the connection when the underlying
+// ResponseWriter has one (dns.ConnectionStater), nil otherwise.
+func (rw *responseWriter) ConnectionState() *tls.ConnectionState {
+	if cs, ok := rw.ResponseWriter.(dns.ConnectionStater); ok {
+		return cs.ConnectionState()
+	}
+	return nil
+}
+
+// judge decides the fate of m, the first response, and writes accordingly.
+func (rw *responseWriter) judge(m *dns.Msg) error {
+	h := rw.h
+	var act Action
+	var cat AllowanceCategory
+	if rw.udp && rw.cookieResult.Valid() {
+		act, cat = Send, responseCategory(m)
+		h.cookieExempt.Add(1)
+	} else {
+		origin := rw.wildcard
+		if origin == "" && h.wildcard != nil {
+			origin = h.wildcard(m)
+		}
+		t := ResponseTupleFromMsg(m, origin)
+		act, _, _ = h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
+		cat = t.AllowanceCategory
+	}
+	if act == Slip && cat == AllowanceError {
+		act = Drop // BIND 9 never slips error responses
+	}
+	h.responses[act][cat].Add(1)
+	switch act {
+	case Drop:
+		rw.withheld = true
+		return nil
+	case Slip:
+		if rw.hasCookie && len(rw.cookie) >= ClientCookieLen {
+			h.badCookie.Add(1)
+			return rw.ResponseWriter.WriteMsg(rw.badCookie(m))
+		}
+		m = truncated(m)
+	}
+	if rw.hasCookie && len(rw.cookie) >= ClientCookieLen {
+		m = rw.withCookie(m)
+	}
+	return rw.ResponseWriter.WriteMsg(m)
+}
+
+// withCookie returns a shallow copy of m carrying a fresh full cookie for the
+// client, in a copy of m's OPT record (or a new one).
+func (rw *responseWriter) withCookie(m *dns.Msg) *dns.Msg {
+	var buf [CookieLen]byte
+	full := rw.h.cookies.AppendCookie(buf[:0], rw.cookie, rw.src.Addr(), rw.h.now())
+	cp := *m
+	cp.Extra = make([]dns.RR, 0, len(m.Extra)+1)
+	var opt *dns.OPT
+	for _, rr := range m.Extra {
+		if o, ok := rr.(*dns.OPT); ok && opt == nil {
+			c := *o
+			c.Option = make([]dns.EDNS0, 0, len(o.Option)+1)
+			for _, e := range o.Option {
+				if _, isCookie := e.(*dns.EDNS0_COOKIE); !isCookie {
+					c.Option = append(c.Option, e)
+				}
+			}
+			opt = &c
+			rr = opt
+		}
+		cp.Extra = append(cp.Extra, rr)
+	}
+	if opt == nil {
+		opt = &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT, Class: responseUDPSize}}
+		cp.Extra = append(cp.Extra, opt)
+	}
+	opt.Option = append(opt.Option, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: hexString(full)})
+	return &cp
+}
+
+// badCookie returns the BADCOOKIE slip for the query whose response was m: the
+// question and an OPT record with a fresh server cookie, nothing else (RFC 7873
+// section 5.2.3 lets the client retry with the cookie).
+func (rw *responseWriter) badCookie(m *dns.Msg) *dns.Msg {
+	r := new(dns.Msg)
+	r.MsgHdr = m.MsgHdr
+	r.Authoritative, r.AuthenticatedData, r.Truncated = false, false, false
+	r.Rcode = dns.RcodeBadCookie
+	r.Question = m.Question
+	if opt := m.IsEdns0(); opt != nil {
+		r.Extra = []dns.RR{opt}
+	}
+	return rw.withCookie(r)
+}
+
+// truncated returns the slip of m without a cookie: a shallow copy with TC set and
+// only the question and the OPT record, keeping the rcode (NOERROR or NXDOMAIN), as
+// BIND 9 does.
+func truncated(m *dns.Msg) *dns.Msg {
+	cp := *m
+	cp.Truncated = true
+	cp.Answer, cp.Ns, cp.Extra = nil, nil, nil
+	for i, rr := range m.Extra {
+		if _, ok := rr.(*dns.OPT); ok {
+			cp.Extra = m.Extra[i : i+1 : i+1]
+			break
+		}
+	}
+	return &cp
+}
+
+// hexString is hex.EncodeToString for a cookie, lower case as miekg/dns writes it.
+func hexString(b []byte) string {
+	const digits = "0123456789abcdef"
+	var s strings.Builder
+	s.Grow(2 * len(b))
+	for _, c := range b {
+		s.WriteByte(digits[c>>4])
+		s.WriteByte(digits[c&15])
+	}
+	return s.String()
+}
+
+// LimitReader returns a miekg/dns Server.DecorateReader that holds UDP queries to
+// the limits of l as soon as they are read: a query l refuses is discarded before
+// the server unpacks it or starts a goroutine for it. That saves about 1.5 µs of CPU
+// per dropped packet over a Handler with WithLimiter (BenchmarkLimiterDrop: 6.4 µs
+// instead of 7.9 µs, sender and kernel included, on 2 cores). Use one or the other,
+// and only where the kernel filter is not attached (Attach returned ModeClassic).
+// TCP queries pass untouched; l.Stats counts what was refused.
+func LimitReader(l *Limiter) dns.DecorateReader {
+	return func(r dns.Reader) dns.Reader { return &limitReader{Reader: r, l: l} }
+}
+
+// limitReader is the dns.Reader of LimitReader.
+type limitReader struct {
+	dns.Reader
+	l *Limiter
+}
+
+// ReadUDP returns the next query l allows.
+func (r *limitReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte, *dns.SessionUDP, error) {
+	for {
+		b, s, err := r.Reader.ReadUDP(conn, timeout)
+		if err != nil || s == nil {
+			return b, s, err
+		}
+		if ua, ok := s.RemoteAddr().(*net.UDPAddr); ok && !r.l.Allow(ua.AddrPort()) {
+			continue
+		}
+		return b, s, nil
+	}
+}
+
+// ReadPacketConn returns the next query l allows, for servers on a net.PacketConn
+// that is not a *net.UDPConn.
+func (r *limitReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration) ([]byte, net.Addr, error) {
+	pr, ok := r.Reader.(dns.PacketConnReader)
+	if !ok {
+		return nil, nil, errors.New("rrl: LimitReader: the decorated reader cannot read a net.PacketConn")
+	}
+	for {
+		b, a, err := pr.ReadPacketConn(conn, timeout)
+		if err != nil {
+			return b, a, err
+		}
+		if src, udp := remoteAddrPort(a); udp && !r.l.Allow(src) {
+			continue
+		}
+		return b, a, nil
+	}
+}
