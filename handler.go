@@ -29,7 +29,8 @@ import (
 //  4. sends that response unlimited when the query came over UDP with a valid server
 //     cookie (the client has shown it receives packets at its address, RFC 7873;
 //     BIND 9 skips rate limiting for them too); otherwise debits the response's tuple (ResponseTupleFromMsg) with
-//     RRL.DebitAddrPort, which for TCP applies requests-per-second only;
+//     RRL.DebitAddrPort, which for TCP applies requests-per-second only (or, for UDP
+//     behind a request limiter, WithRequestsLimited, with RRL.DebitResponse);
 //  5. acts on the verdict: Send writes the response, Drop writes nothing, and Slip
 //     writes BADCOOKIE with a fresh server cookie when the query carried a client
 //     cookie (RFC 7873 section 5.2.3 allows it; BIND 9 slips so), otherwise the response truncated (TC=1, no answer, authority or
@@ -63,6 +64,7 @@ type Handler struct {
 	rrl      *RRL
 	cookies  *Cookies
 	limiter  *Limiter
+	upstream bool // UDP queries passed a request limiter: debit with DebitResponse
 	now      func() time.Time
 	wildcard func(resp *dns.Msg) string
 	writers  sync.Pool
@@ -88,7 +90,16 @@ func WithCookies(c *Cookies) HandlerOption { return func(h *Handler) { h.cookies
 // ModeClassic), with a Limiter made from the same Config as the RRL. With the kernel
 // filter attached the kernel does this work: do not add a Limiter then. LimitReader
 // does the same job earlier and more cheaply, in the server's reader.
-func WithLimiter(l *Limiter) HandlerOption { return func(h *Handler) { h.limiter = l } }
+func WithLimiter(l *Limiter) HandlerOption {
+	return func(h *Handler) { h.limiter, h.upstream = l, true }
+}
+
+// WithRequestsLimited tells the Handler that UDP queries reach it through a request
+// limiter enforcing requests-per-second: the kernel Filter attached in ModeEBPF, or
+// LimitReader in the server's reader. The Handler then debits UDP responses with
+// RRL.DebitResponse, so that requests-per-second is not applied a second time to
+// traffic the limiter already trimmed to it. WithLimiter implies it.
+func WithRequestsLimited() HandlerOption { return func(h *Handler) { h.upstream = true } }
 
 // WithWildcardFunc gives the Handler a function that returns the wildcard origin of
 // a response the inner handler wrote (see ResponseTupleFromMsg), or "" when the
@@ -325,7 +336,12 @@ func (rw *responseWriter) Write(b []byte) (int, error) {
 	}
 	rw.judged = true
 	t := ResponseTuple{AllowanceCategory: AllowanceError}
-	act, _, _ := rw.h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
+	var act Action
+	if rw.udp && rw.h.upstream {
+		act, _, _ = rw.h.rrl.DebitResponse(rw.src, &t)
+	} else {
+		act, _, _ = rw.h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
+	}
 	if act != Send {
 		rw.h.responses[Drop][AllowanceError].Add(1)
 		rw.withheld = true
@@ -358,7 +374,11 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 			origin = h.wildcard(m)
 		}
 		t := ResponseTupleFromMsg(m, origin)
-		act, _, _ = h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
+		if rw.udp && h.upstream {
+			act, _, _ = h.rrl.DebitResponse(rw.src, &t)
+		} else {
+			act, _, _ = h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
+		}
 		cat = t.AllowanceCategory
 	}
 	if act == Slip && cat == AllowanceError {

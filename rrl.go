@@ -265,10 +265,10 @@ func (r *RRL) Debit(src net.Addr, tuple *ResponseTuple) (Action, IPReason, RTRea
 	case nil:
 	default:
 		udp = strings.HasPrefix(src.Network(), "udp")
-		return r.debit(parseAddr(src.String()), udp, tuple)
+		return r.debit(parseAddr(src.String()), udp, tuple, true)
 	}
 	addr, _ := netip.AddrFromSlice(ip)
-	return r.debit(addr, udp, tuple)
+	return r.debit(addr, udp, tuple, true)
 }
 
 // parseAddr reads the address of a net.Addr's string form: "host:port", "host" or
@@ -286,7 +286,19 @@ func parseAddr(s string) netip.Addr {
 // whether the query came over UDP. It is the fastest way in for servers that read
 // with ReadMsgUDPAddrPort. The port is not used.
 func (r *RRL) DebitAddrPort(src netip.AddrPort, udp bool, tuple *ResponseTuple) (Action, IPReason, RTReason) {
-	return r.debit(src.Addr().WithZone(""), udp, tuple)
+	return r.debit(src.Addr().WithZone(""), udp, tuple, true)
+}
+
+// DebitResponse is DebitAddrPort for a UDP query that has already passed a request
+// limiter enforcing requests-per-second per source group: the kernel Filter, or a
+// Limiter (LimitReader, Handler's WithLimiter) made from the same Config. It skips
+// the requests-per-second account, which would otherwise apply the same limit a
+// second time to traffic the limiter already trimmed to it (and, fed at exactly its
+// rate, drift into refusing nearly all of it); the IP reason is then IPNotReached
+// unless all-per-second or exempt-clients decide. Everything else is as
+// DebitAddrPort with udp true.
+func (r *RRL) DebitResponse(src netip.AddrPort, tuple *ResponseTuple) (Action, IPReason, RTReason) {
+	return r.debit(src.Addr().WithZone(""), true, tuple, false)
 }
 
 // timeNow returns the current time as a Fixed number of seconds since the RRL's
@@ -308,7 +320,7 @@ const maxClockNanos = 1 << 31 * nanosPerSecond
 
 var zeroTuple ResponseTuple
 
-func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple) (act Action, ipr IPReason, rtr RTReason) {
+func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bool) (act Action, ipr IPReason, rtr RTReason) {
 	if tuple == nil {
 		tuple = &zeroTuple
 	}
@@ -345,7 +357,9 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple) (act Action
 	}
 
 	act, ipr, rtr = Send, IPNotConfigured, RTNotReached
-	if r.reqCost != 0 {
+	if !requests {
+		ipr = IPNotReached
+	} else if r.reqCost != 0 {
 		e, fresh := s.lookup(accountKey(netHash, kindRequest))
 		if charge(e, fresh, now, r.reqCost, r.window) {
 			act, ipr = Drop, IPRateLimit

@@ -602,3 +602,29 @@ func TestDefaultClock(t *testing.T) {
 		}
 	}
 }
+
+// DebitResponse leaves the requests-per-second account alone: a request limiter in
+// front of the server already enforced it.
+func TestDebitResponseSkipsRequestAccount(t *testing.T) {
+	cfg := NewConfig()
+	cfg.SetValue("requests-per-second", "1")
+	cfg.SetValue("responses-per-second", "100")
+	clock := time.Unix(1000, 0)
+	cfg.SetNowFunc(func() time.Time { return clock })
+	r := NewRRL(cfg)
+	src := netip.MustParseAddrPort("192.0.2.1:5353")
+	tuple := &ResponseTuple{Class: 1, Type: 1, AllowanceCategory: AllowanceAnswer, SalientName: "a.example."}
+	for i := 0; i < 10; i++ {
+		if act, ipr, rtr := r.DebitResponse(src, tuple); act != Send || ipr != IPNotReached || rtr != RTOk {
+			t.Fatalf("DebitResponse %d: %v %v %v, want Send IPNotReached RTOk", i, act, ipr, rtr)
+		}
+	}
+	// The same client through DebitAddrPort meets its requests-per-second account,
+	// which the calls above did not touch: one second of credit, then limited.
+	if act, ipr, _ := r.DebitAddrPort(src, true, tuple); act != Send || ipr != IPOk {
+		t.Fatalf("first DebitAddrPort: %v %v, want Send IPOk", act, ipr)
+	}
+	if act, ipr, _ := r.DebitAddrPort(src, true, tuple); act != Drop || ipr != IPRateLimit {
+		t.Fatalf("second DebitAddrPort: %v %v, want Drop IPRateLimit", act, ipr)
+	}
+}

@@ -169,8 +169,8 @@ func (r *demoResult) print(w io.Writer, cfg *rrl.Config) {
 	for _, kv := range cfg.Values() {
 		settings[kv[0]] = kv[1]
 	}
-	fmt.Fprintf(w, "\nrrl demo, %.1f s: responses-per-second %s, slip-ratio %s, requests-per-second %s, ipv4-request-levels %q\n",
-		r.duration.Seconds(), settings["responses-per-second"], settings["slip-ratio"], settings["requests-per-second"], settings["ipv4-request-levels"])
+	fmt.Fprintf(w, "\nrrl demo, %.1f s: responses-per-second %s, slip-ratio %s, requests-per-second %s\n",
+		r.duration.Seconds(), settings["responses-per-second"], settings["slip-ratio"], settings["requests-per-second"])
 	fmt.Fprintf(w, "\nlegitimate resolvers (127.10.0.1, 127.11.0.1, ...)\n")
 	row("queries sent", r.legitSent, 0)
 	row("answered", r.legitAnswered, r.legitSent)

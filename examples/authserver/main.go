@@ -108,11 +108,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 
 // demoSettings are the demo's rrl settings, applied before the flags: five answers
 // per second per client network and name (BIND's usual advice), and a request limit
-// well above what a legitimate resolver sends. The request limiter holds a /24 to
-// half of requests-per-second, so that what it lets through stays under Debit's own
-// requests-per-second account and the response accounts show their work.
-var demoSettings = [][2]string{{"responses-per-second", "5"}, {"requests-per-second", "100"},
-	{"ipv4-request-levels", "32:1 24:0.5 16:16"}, {"slip-ratio", "2"}}
+// well above what a legitimate resolver sends, enforced on UDP by the request limiter
+// (kernel filter or Go Limiter) in front of the server.
+var demoSettings = [][2]string{{"responses-per-second", "5"}, {"requests-per-second", "100"}, {"slip-ratio", "2"}}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
@@ -228,7 +226,9 @@ func startServer(c serverConfig) (*server, error) {
 
 	var secret rrl.CookieSecret
 	rand.Read(secret[:]) // never fails (crypto/rand panics instead)
-	opts := []rrl.HandlerOption{rrl.WithCookies(rrl.NewCookies(secret))}
+	// UDP queries pass the request limiter (kernel filter or LimitReader) before
+	// the Handler sees them: it must not apply requests-per-second again.
+	opts := []rrl.HandlerOption{rrl.WithCookies(rrl.NewCookies(secret)), rrl.WithRequestsLimited()}
 	var zone dns.Handler = c.zone
 	if c.observe {
 		s.observer = new(observer)
