@@ -43,7 +43,10 @@
 // 28 slips and 27 drops.
 //
 // Before the response accounts, requests-per-second limits each client network alone,
-// for every transport, without slipping ([IPRateLimit]). Response accounts apply to
+// for every transport, without slipping ([IPRateLimit]). Where a request limiter in
+// front of the server already enforces it on UDP (the kernel [Filter], or a [Limiter]),
+// [RRL.DebitResponse] debits UDP responses without it, so that the limit is not
+// applied twice. Response accounts apply to
 // UDP only ([RTNotUDP] otherwise). all-per-second limits all UDP responses to a client
 // network, besides the response's own account, without slipping ([IPAllRateLimit]).
 // When the server's total query rate over the previous second exceeds qps-scale,
