@@ -68,26 +68,8 @@ type reception struct {
 // (stop nil: until the first quiet period), or until max has passed.
 func (s *udpServer) collect(start time.Time, stop <-chan struct{}, quiet, max time.Duration) []reception {
 	var got []reception
-	buf := make([]byte, 2048)
-	deadline := time.Now().Add(max)
-	stopped := stop == nil
-	for time.Now().Before(deadline) {
-		if !stopped {
-			select {
-			case <-stop:
-				stopped = true
-			default:
-			}
-		}
-		s.conn.SetReadDeadline(time.Now().Add(quiet))
-		n, from, err := s.conn.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if stopped {
-				break
-			}
-			continue
-		}
-		got = append(got, reception{time.Since(start), netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), n})
-	}
+	loadgen.ReadUntil(s.conn, stop, quiet, max, func(b []byte, from netip.AddrPort) {
+		got = append(got, reception{time.Since(start), from, len(b)})
+	})
 	return got
 }

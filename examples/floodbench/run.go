@@ -165,39 +165,21 @@ func socketDrops(conn *net.UDPConn) (uint64, error) {
 
 // receive reads until stop is closed and then nothing arrives for quiet.
 func (s *server) receive(stop <-chan struct{}, quiet, max time.Duration) {
-	buf := make([]byte, 2048)
-	deadline := time.Now().Add(max)
-	stopped := false
-	for time.Now().Before(deadline) {
-		if !stopped {
-			select {
-			case <-stop:
-				stopped = true
-			default:
-			}
-		}
-		s.conn.SetReadDeadline(time.Now().Add(quiet))
-		n, from, err := s.conn.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if stopped {
-				return
-			}
-			continue
-		}
+	loadgen.ReadUntil(s.conn, stop, quiet, max, func(b []byte, from netip.AddrPort) {
 		at := time.Since(s.start)
 		s.read++
-		if s.lim != nil && !s.lim.Allow(netip.AddrPortFrom(from.Addr().Unmap(), from.Port())) {
+		if s.lim != nil && !s.lim.Allow(from) {
 			s.goDrop++
-			continue
+			return
 		}
-		g := groupOf(buf[:n])
+		g := groupOf(b)
 		if g < 0 {
 			s.other++
-			continue
+			return
 		}
 		add(&s.groups[g], at)
 		s.totals[g].Add(1)
-	}
+	})
 }
 
 // run runs one scenario and measures it.
