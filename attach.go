@@ -98,6 +98,10 @@ func (o *kernelObjects) Close() error {
 // before dropping privileges (the attached filter keeps working), or attach objects
 // a privileged step pinned (AttachPinned).
 //
+// When the socket's option memory (net.core.optmem_max) cannot hold the eBPF program,
+// Attach likewise falls back to the classic prefilter and returns an error for which
+// errors.Is(err, ErrOptMem) holds, naming the setting to raise.
+//
 // In report-only mode the filter counts what it would drop (FilterStats.ReportOnly
 // and the per-reason counters) and passes everything.
 func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
@@ -127,7 +131,18 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	}
 	if err != nil {
 		objs.Close()
-		return nil, err
+		f.objs = nil
+		if !errors.Is(err, ErrOptMem) {
+			return nil, err
+		}
+		// The socket's option memory cannot hold the eBPF program: keep the
+		// stateless protection, which takes a few hundred bytes.
+		if cerr := applyClassic(conn, f.cfg); cerr != nil {
+			return nil, errors.Join(err, fmt.Errorf("classic fallback: %w", cerr))
+		}
+		f.mode = ModeClassic
+		f.sockets = append(f.sockets[:0], conn)
+		return f, err
 	}
 	return f, nil
 }
