@@ -342,3 +342,37 @@ func TestLiveStartAndRelease(t *testing.T) {
 		t.Error(fmt.Sprint("no packets seen: ", st))
 	}
 }
+
+// TestLiveExemptClients: a flood from an exempt-clients prefix passes whole and is
+// counted as exempt; once Update removes the exemption, the same flood is limited.
+func TestLiveExemptClients(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
+	srv, f := attachLive(t, "500")
+	cfg := NewConfig()
+	cfg.SetValue("requests-per-second", "500")
+	cfg.SetValue("exempt-clients", "127.9.7.0/24, ::1")
+	if err := f.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	flood := func(port uint16) []flow {
+		return []flow{{Name: "exempt", Rate: 5000, End: 2 * time.Second,
+			Src: func(int) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("127.9.7.9"), port) }}}
+	}
+	run := runLive(t, srv, f, flood(41201), 2*time.Second)
+	if l := run.loss(0); l != 0 {
+		t.Errorf("exempt source lost %.2f%%, want nothing", 100*l)
+	}
+	if got := run.filter.Exempt; got != uint64(len(run.sentAt[0])) {
+		t.Errorf("Exempt counter %d, want %d", got, len(run.sentAt[0]))
+	}
+	cfg.SetValue("exempt-clients", "")
+	if err := f.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	run = runLive(t, srv, f, flood(41202), 2*time.Second)
+	if got := run.admitted(0, time.Second, 2*time.Second); !within(got, 500, 0.15) {
+		t.Errorf("after removing the exemption: %.0f pps delivered, want the limit 500", got)
+	}
+}
