@@ -261,6 +261,10 @@ func (c *Config) SetValue(keyword, value string) error {
 		if err != nil {
 			return bad(err.Error())
 		}
+		if len(ports) > maxReflectionPorts {
+			// The classic prefilter compares the source port with each of them.
+			return bad(fmt.Sprintf("%d ports, at most %d", len(ports), maxReflectionPorts))
+		}
 		c.reflectionPorts = ports
 	default:
 		return &ConfigError{keyword, value, "unknown keyword"}

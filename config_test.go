@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -151,5 +152,23 @@ func TestExemptClientsRejectZones(t *testing.T) {
 		if err := cfg.SetValue("exempt-clients", v); err == nil {
 			t.Errorf("exempt-clients %q accepted", v)
 		}
+	}
+}
+
+func TestReflectionPortsLimit(t *testing.T) {
+	cfg := NewConfig()
+	var ports []string
+	for p := 1000; p < 1000+maxReflectionPorts; p++ {
+		ports = append(ports, strconv.Itoa(p))
+	}
+	if err := cfg.SetValue("reflection-ports", strings.Join(ports, " ")); err != nil {
+		t.Fatalf("%d ports refused: %v", len(ports), err)
+	}
+	ports = append(ports, "9999")
+	if err := cfg.SetValue("reflection-ports", strings.Join(ports, " ")); err == nil {
+		t.Fatalf("%d ports accepted", len(ports))
+	}
+	if len(cfg.reflectionPorts) != maxReflectionPorts {
+		t.Fatalf("a refused value changed the list to %d ports", len(cfg.reflectionPorts))
 	}
 }
