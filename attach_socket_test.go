@@ -298,7 +298,40 @@ func TestLiveStartAndRelease(t *testing.T) {
 		t.Skip("live flood")
 	}
 	srv, f := attachLive(t, "500")
-	src := func(int) netip.AddrPort { return netip.MustParseAddrPort("127.9.8.7:41100") }
+	startAndRelease(t, srv, newRawSender(t, srv.addr), f, netip.MustParseAddrPort("127.9.8.7:41100"))
+}
+
+// TestLiveStartAndReleaseIPv6 is TestLiveStartAndRelease for an IPv6 source, in a
+// network namespace of the test's own.
+func TestLiveStartAndReleaseIPv6(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
+	requireBPF(t)
+	ns := newTestNetns(t)
+	var srv *udpServer
+	var raw *rawSender
+	var f *Filter
+	ns.do(t, func() {
+		srv = newUDPServer(t, "udp6", "[::1]:0")
+		raw = newRawSender(t, srv.addr)
+		cfg := NewConfig()
+		cfg.SetValue("requests-per-second", "500")
+		var err error
+		if f, err = Attach(srv.conn, cfg); err != nil {
+			t.Fatal(err)
+		}
+	})
+	defer f.Close()
+	startAndRelease(t, srv, raw, f, netip.MustParseAddrPort("[fd00:9:8::7]:41100"))
+}
+
+// startAndRelease plays one source at half the limit for a second, at ten times it for
+// two, and at half again: limiting must be in force one second into the flood and the
+// source fully served two seconds after it.
+func startAndRelease(t *testing.T, srv *udpServer, raw *rawSender, f *Filter, source netip.AddrPort) {
+	t.Helper()
+	src := func(int) netip.AddrPort { return source }
 	s := time.Second
 	flows := []flow{
 		{Name: "before", Rate: 250, Start: 0, End: 1 * s, Src: src},
@@ -306,13 +339,12 @@ func TestLiveStartAndRelease(t *testing.T) {
 		{Name: "after", Rate: 250, Start: 3 * s, End: 5500 * time.Millisecond, Src: src},
 	}
 	// One source plays all three phases, so what it receives is split by time.
-	raw := newRawSender(t, srv.addr)
 	start := time.Now()
 	done := make(chan []reception)
 	stop := make(chan struct{})
 	go func() { done <- srv.collect(start, stop, 300*time.Millisecond, 30*time.Second) }()
 	sentAt, err := loadgen.Pace(start, flows, 5500*time.Millisecond, 2*time.Millisecond, func(_ int, src netip.AddrPort, payload []byte) error {
-		return raw.Send(ipv4Packet(src, srv.addr, nil, payload))
+		return raw.Send(loadgen.Packet(src, srv.addr, payload))
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -330,8 +362,8 @@ func TestLiveStartAndRelease(t *testing.T) {
 		t.Errorf("before the attack: %.0f pps delivered, want all 250", got)
 	}
 	// Limiting is in force one second into the attack: what gets through is near the
-	// limit, not near the attack's 10x (the estimate still converges for a while, and
-	// a sender stalled by a busy machine delivers in bursts, hence the margin).
+	// limit, not near the attack's 10x (a sender stalled by a busy machine delivers in
+	// bursts, hence the margin).
 	if got := perSecond(2*s, 3*s); got < 0.8*500 || got > 1.2*500 {
 		t.Errorf("one second into the attack: %.0f pps delivered, want the limit 500 ±20%%", got)
 	}
