@@ -126,6 +126,32 @@ func liveLegitFlows(n int, rate float64, dur time.Duration) []flow {
 	return out
 }
 
+// attachLiveIPv6 is attachLive for IPv6 sources: the server socket on ::1, the raw
+// sender and the filter live in a network namespace of the test's own, so that
+// spoofed sources and anything sent back to them never leave it.
+func attachLiveIPv6(t *testing.T, rps string) (*udpServer, *rawSender, *Filter) {
+	t.Helper()
+	requireBPF(t)
+	ns := newTestNetns(t)
+	var srv *udpServer
+	var raw *rawSender
+	var f *Filter
+	ns.do(t, func() {
+		srv = newUDPServer(t, "udp6", "[::1]:0")
+		raw = newRawSender(t, srv.addr)
+		cfg := NewConfig()
+		if err := cfg.SetValue("requests-per-second", rps); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if f, err = Attach(srv.conn, cfg); err != nil {
+			t.Fatalf("Attach: %v", err)
+		}
+	})
+	t.Cleanup(func() { f.Close() })
+	return srv, raw, f
+}
+
 func attachLive(t *testing.T, rps string) (*udpServer, *Filter) {
 	t.Helper()
 	requireBPF(t)
@@ -232,21 +258,7 @@ func TestLiveLimiterScenariosIPv6(t *testing.T) {
 	}
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
-			ns := newTestNetns(t)
-			var srv *udpServer
-			var raw *rawSender
-			var f *Filter
-			ns.do(t, func() {
-				srv = newUDPServer(t, "udp6", "[::1]:0")
-				raw = newRawSender(t, srv.addr)
-				cfg := NewConfig()
-				cfg.SetValue("requests-per-second", fmt.Sprint(L))
-				var err error
-				if f, err = Attach(srv.conn, cfg); err != nil {
-					t.Fatal(err)
-				}
-			})
-			defer f.Close()
+			srv, raw, f := attachLiveIPv6(t, fmt.Sprint(L))
 			flows := []flow{sc.attack}
 			for i := 0; i < 10; i++ { // legitimate clients, each in its own /48
 				src := v6(uint16(0x100+i), 0, 0, 1, uint16(50000+i))

@@ -307,22 +307,7 @@ func TestLiveStartAndReleaseIPv6(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live flood")
 	}
-	requireBPF(t)
-	ns := newTestNetns(t)
-	var srv *udpServer
-	var raw *rawSender
-	var f *Filter
-	ns.do(t, func() {
-		srv = newUDPServer(t, "udp6", "[::1]:0")
-		raw = newRawSender(t, srv.addr)
-		cfg := NewConfig()
-		cfg.SetValue("requests-per-second", "500")
-		var err error
-		if f, err = Attach(srv.conn, cfg); err != nil {
-			t.Fatal(err)
-		}
-	})
-	defer f.Close()
+	srv, raw, f := attachLiveIPv6(t, "500")
 	startAndRelease(t, srv, raw, f, netip.MustParseAddrPort("[fd00:9:8::7]:41100"))
 }
 

@@ -48,20 +48,27 @@ func (c *counters) count(cat AllowanceCategory, act, would Action, ipr IPReason,
 
 // addTo adds c into st.
 func (c *counters) addTo(st *Stats) {
-	for i, v := range c.rps {
-		st.RPS[i] += v
+	st.addCounts(&c.rps, &c.actions, &c.ipReasons, &c.rtReasons, &c.reportOnly)
+}
+
+// addCounts adds per-constant counts into s's arrays of the same shape: the one
+// loop behind Add and the table's per-shard counters.
+func (s *Stats) addCounts(rps *[AllowanceLast]int64, actions *[ActionLast]int64,
+	ipReasons *[IPLast]int64, rtReasons *[RTLast]int64, reportOnly *[ActionLast]int64) {
+	for i, v := range rps {
+		s.RPS[i] += v
 	}
-	for i, v := range c.actions {
-		st.Actions[i] += v
+	for i, v := range actions {
+		s.Actions[i] += v
 	}
-	for i, v := range c.ipReasons {
-		st.IPReasons[i] += v
+	for i, v := range ipReasons {
+		s.IPReasons[i] += v
 	}
-	for i, v := range c.rtReasons {
-		st.RTReasons[i] += v
+	for i, v := range rtReasons {
+		s.RTReasons[i] += v
 	}
-	for i, v := range c.reportOnly {
-		st.ReportOnly[i] += v
+	for i, v := range reportOnly {
+		s.ReportOnly[i] += v
 	}
 }
 
@@ -77,21 +84,7 @@ func (s *Stats) Copy(zeroAfter bool) Stats {
 // Add adds the counts of from into s. CacheLength is a level, not a count: s takes
 // from's value.
 func (s *Stats) Add(from *Stats) {
-	for i, v := range from.RPS {
-		s.RPS[i] += v
-	}
-	for i, v := range from.Actions {
-		s.Actions[i] += v
-	}
-	for i, v := range from.IPReasons {
-		s.IPReasons[i] += v
-	}
-	for i, v := range from.RTReasons {
-		s.RTReasons[i] += v
-	}
-	for i, v := range from.ReportOnly {
-		s.ReportOnly[i] += v
-	}
+	s.addCounts(&from.RPS, &from.Actions, &from.IPReasons, &from.RTReasons, &from.ReportOnly)
 	s.CacheLength = from.CacheLength
 	s.Evictions += from.Evictions
 }
