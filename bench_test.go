@@ -162,6 +162,33 @@ func BenchmarkDebit(b *testing.B) {
 			}
 		})
 	})
+	b.Run("parallel-100k-accounts-own-clients", func(b *testing.B) {
+		// As parallel-100k-accounts, but each goroutine serves its own share of
+		// the clients, as cores do when each reads its own socket and a client
+		// keeps to one of them: what is shared is the table, not the accounts.
+		r := benchRRL(b, "responses-per-second", "10", "max-table-size", "200000")
+		srcs := udpAddrs(100_000)
+		for _, s := range srcs {
+			r.Debit(s, benchTuple)
+		}
+		procs := runtime.GOMAXPROCS(0)
+		var next atomic.Int32
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := cpuTime()
+		defer func() { reportCPU(b, start, procs) }()
+		b.RunParallel(func(pb *testing.PB) {
+			k := int(next.Add(1)-1) % procs
+			own := srcs[k*len(srcs)/procs : (k+1)*len(srcs)/procs]
+			i := 0
+			for pb.Next() {
+				r.Debit(own[i], benchTuple)
+				if i++; i == len(own) {
+					i = 0
+				}
+			}
+		})
+	})
 }
 
 // BenchmarkTableMemory reports the heap the account table holds per account with

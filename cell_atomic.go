@@ -19,3 +19,11 @@ func (c *cmCell) store(count Fixed, last uint64) {
 	c.count.Store(uint64(count))
 	c.last.Store(last)
 }
+
+// ownedWord is a word that one goroutine at a time writes and others may read at
+// any time (see cell_plain.go); under the race detector a sync/atomic value.
+type ownedWord struct{ v atomic.Uint64 }
+
+func (w *ownedWord) load() uint64   { return w.v.Load() }
+func (w *ownedWord) store(v uint64) { w.v.Store(v) }
+func (w *ownedWord) inc()           { w.v.Add(1) }

@@ -65,13 +65,16 @@
 // accounts it creates itself, and new legitimate clients still get accounts.
 // Eviction takes constant time.
 //
-// The table is sharded by client network, each shard with its own lock, open
-// addressing and 16-byte entries (a keyed 64-bit hash of the account's key and the
-// time at which its balance is zero) at a load of at most 3/4: 22 bytes of heap per
-// account of max-table-size. Tables of up to 32 MiB (max-table-size up to about 1.5
-// million) are allocated in full by New, larger ones grow by doubling as accounts
-// arrive. Debit takes one lock and does not allocate for *net.UDPAddr,
-// *net.TCPAddr, *net.IPAddr and [RRL.DebitAddrPort] sources.
+// The table is sharded by client network, with open addressing and 16-byte entries
+// (a keyed hash of the account's key and the time at which its balance is zero) at
+// a load of at most 3/4: 22 bytes of heap per account of max-table-size. Tables of
+// up to 32 MiB (max-table-size up to about 1.5 million) are allocated in full by
+// New, larger ones grow by doubling as accounts arrive. Debiting an existing
+// account locks only that account's entry, and statistics are counted per
+// processor, so Debit calls on different cores for different clients write no
+// memory in common; creating and evicting accounts takes the shard's lock. Debit
+// does not allocate for *net.UDPAddr, *net.TCPAddr, *net.IPAddr and
+// [RRL.DebitAddrPort] sources.
 //
 // # Differences from markdingo/rrl
 //
@@ -96,8 +99,8 @@
 //   - Extra keywords: report-only, exempt-clients, all-per-second, qps-scale, and the
 //     request limiter's. Extra reasons: [IPExempt], [IPAllRateLimit]. Stats has an
 //     extra ReportOnly array, and its String format lists every reason.
-//   - Keys are 64-bit keyed hashes rather than strings: two different accounts share
-//     a balance only if their hashes collide, with probability about n²/2⁶¹ for n
+//   - Keys are 59-bit keyed hashes rather than strings: two different accounts share
+//     a balance only if their hashes collide, with probability about n²/2⁶⁰ for n
 //     accounts (below 10⁻⁶ at a million).
 //   - Without SetNowFunc, Debit reads a clock with millisecond resolution (reading
 //     the system clock on every call would cost more than the rest of Debit); with

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -23,8 +24,10 @@ import (
 // response whose debit leaves its account negative is limited. See the package documentation for the keys of accounts and the
 // differences from markdingo/rrl.
 //
-// An RRL is safe for concurrent use by many goroutines; Debit takes one of many
-// shard locks, so calls for different client networks rarely contend. Create it
+// An RRL is safe for concurrent use by many goroutines. Debit takes no lock shared
+// by all accounts: debiting an existing account locks that account alone, and
+// statistics are counted per processor, so calls for different client networks
+// proceed in parallel. Create it
 // with New or NewRRL; the zero value is not usable.
 type RRL struct {
 	costs     [AllowanceLast]Fixed // per category; 0 disables it
@@ -48,6 +51,11 @@ type RRL struct {
 	epochNanos int64     // coarse clock reading at New
 	shardShift uint
 	shards     []shard
+	last       atomic.Uint64 // latest Fixed time read: the clock never runs backwards
+	stripes    stripes       // per-P statistics and query counts
+
+	statsMu   sync.Mutex
+	statsBase Stats // the counts at the last GetStats(true)
 }
 
 // clockOffset is added to every time so that zero times, which run up to maxCost
@@ -148,10 +156,12 @@ func New(cfg *Config) (*RRL, error) {
 		all := make([]entry, m*n)
 		adviseHugePages(unsafe.Pointer(unsafe.SliceData(all)), len(all)*int(unsafe.Sizeof(entry{})))
 		for i := range r.shards {
-			r.shards[i].slots = all[i*m : (i+1)*m : (i+1)*m]
+			r.shards[i].setSlots(all[i*m : (i+1)*m : (i+1)*m])
 		}
 	}
 	r.shardShift = uint(64 - bitsLen(n))
+	r.stripes.init()
+	r.last.Store(uint64(clockOffset))
 	return r, nil
 }
 
@@ -331,9 +341,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	s := &r.shards[netHash>>r.shardShift&uint64(len(r.shards)-1)]
 	for _, p := range r.exempt {
 		if p.Contains(addr) {
-			s.mu.Lock()
-			s.stats.count(cat, Send, Send, IPExempt, RTNotReached, r.report)
-			s.mu.Unlock()
+			r.count(cat, Send, Send, IPExempt, RTNotReached)
 			return Send, IPExempt, RTNotReached
 		}
 	}
@@ -345,14 +353,11 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	if udp && cost != 0 {
 		respKey = r.responseKey(netHash, tuple)
 	}
-	now := r.timeNow()
-
-	s.mu.Lock()
-	now = s.clock(now)
+	now := r.clock(r.timeNow())
 	scale := FixedOne
 	if r.qpsScale != 0 {
 		sec := int64(now.Int())
-		s.countQuery(sec)
+		r.stripes.with(func(st *stripe) { st.countQuery(sec) })
 		scale = r.rateScale(sec)
 	}
 
@@ -360,8 +365,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	if !requests {
 		ipr = IPNotReached
 	} else if r.reqCost != 0 {
-		e, fresh := s.lookup(accountKey(netHash, kindRequest))
-		if charge(e, fresh, now, r.reqCost, r.window) {
+		if limited, _ := s.debit(accountKey(netHash, kindRequest), now, r.reqCost, r.window, 0); limited {
 			act, ipr = Drop, IPRateLimit
 			goto done
 		}
@@ -372,8 +376,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		goto done
 	}
 	if r.allCost != 0 {
-		e, fresh := s.lookup(accountKey(netHash, kindAll))
-		if charge(e, fresh, now, r.scaled(r.allCost, scale), r.window) {
+		if limited, _ := s.debit(accountKey(netHash, kindAll), now, r.scaled(r.allCost, scale), r.window, 0); limited {
 			act, ipr = Drop, IPAllRateLimit
 			goto done
 		}
@@ -383,10 +386,10 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		goto done
 	}
 	rtr = RTOk
-	if e, fresh := s.lookup(respKey); charge(e, fresh, now, r.scaled(cost, scale), r.window) {
+	if limited, slipped := s.debit(respKey, now, r.scaled(cost, scale), r.window, r.slipRatio); limited {
 		rtr = RTRateLimit
 		act = Drop
-		if slip(e, r.slipRatio) {
+		if slipped {
 			act = Slip
 		}
 	}
@@ -395,9 +398,35 @@ done:
 	if r.report {
 		act = Send
 	}
-	s.stats.count(cat, act, would, ipr, rtr, r.report)
-	s.mu.Unlock()
+	r.count(cat, act, would, ipr, rtr)
 	return act, ipr, rtr
+}
+
+// clock returns now, or the latest time any Debit has read if that is later: time
+// stepping backwards stands still instead, so it can never add credit. The shared
+// word is written about once per tick of the clock, so it stays in every core's
+// cache.
+func (r *RRL) clock(now Fixed) Fixed {
+	for {
+		last := r.last.Load()
+		if uint64(now) <= last {
+			return Fixed(last)
+		}
+		if r.last.CompareAndSwap(last, uint64(now)) {
+			return now
+		}
+	}
+}
+
+// count records a Debit call's outcome in the caller's stripe.
+func (r *RRL) count(cat AllowanceCategory, act, would Action, ipr IPReason, rtr RTReason) {
+	if pid := procPin(); pid < len(r.stripes.perP) {
+		r.stripes.perP[pid].c.count(cat, act, would, ipr, rtr, r.report)
+		procUnpin()
+		return
+	}
+	procUnpin()
+	r.stripes.with(func(st *stripe) { st.c.count(cat, act, would, ipr, rtr, r.report) })
 }
 
 // scaled returns cost scaled for qps-scale, within maxCost.
@@ -410,16 +439,14 @@ func (r *RRL) scaled(cost, scale Fixed) Fixed {
 
 // rateScale returns the factor qps-scale applies to costs in second sec: the total
 // query rate of the previous second divided by qps-scale, or 1 when that rate is not
-// above qps-scale. One caller per second sums the shards' counts, without locks.
+// above qps-scale. One caller per second sums the stripes' counts, without locks.
 func (r *RRL) rateScale(sec int64) Fixed {
 	if old := r.scaleSec.Load(); old != sec && r.scaleSec.CompareAndSwap(old, sec) {
-		var total uint64
-		for i := range r.shards {
-			total += r.shards[i].queriesIn(sec - 1)
-		}
+		var total int64
+		r.stripes.all(func(st *stripe) { total += st.queriesIn(sec - 1) })
 		f := FixedOne
-		if total > r.qpsScale {
-			f = FixedFromRatio(min(total, 1<<31), r.qpsScale)
+		if total > 0 && uint64(total) > r.qpsScale {
+			f = FixedFromRatio(min(uint64(total), 1<<31), r.qpsScale)
 		}
 		r.scale.Store(uint64(f))
 		return f
@@ -428,12 +455,12 @@ func (r *RRL) rateScale(sec int64) Fixed {
 }
 
 // accountKey returns the key of an account of the client network hashed as
-// netHash, of the given kind, with extra bits for the response tuple. The low bits
-// hold the slip countdown and the key is never 0.
+// netHash, of the given kind, with extra bits for the response tuple. The key
+// leaves the tag's low bits (slip countdown and lock) clear and is never 0.
 func accountKey(netHash, meta uint64) uint64 {
-	k := mix64(netHash^meta) &^ slipMask
+	k := mix64(netHash^meta) & keyMask
 	if k == 0 {
-		k = slipMask + 1
+		k = lockBit << 1
 	}
 	return k
 }
@@ -495,17 +522,22 @@ func lower8(w uint64) uint64 {
 // current number of accounts, whatever zeroAfter.
 func (r *RRL) GetStats(zeroAfter bool) Stats {
 	var st Stats
+	r.stripes.all(func(s *stripe) { s.c.addTo(&st) })
 	for i := range r.shards {
 		s := &r.shards[i]
 		s.mu.Lock()
-		s.stats.addTo(&st)
 		st.Evictions += s.evictions
 		st.CacheLength += s.live
-		if zeroAfter {
-			s.stats = counters{}
-			s.evictions = 0
-		}
 		s.mu.Unlock()
+	}
+	// The counters only grow, written without locks by the goroutines that count:
+	// zeroing them is remembering where they stood.
+	r.statsMu.Lock()
+	defer r.statsMu.Unlock()
+	total := st
+	st.subtract(&r.statsBase)
+	if zeroAfter {
+		r.statsBase = total
 	}
 	return st
 }

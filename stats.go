@@ -23,36 +23,61 @@ type Stats struct {
 	Evictions   int64 // accounts evicted to make room for new ones
 }
 
-// counters is the per-shard part of Stats, updated under the shard's lock.
+// counters is one stripe's part of Stats (see stripes.go), written only by the
+// goroutine pinned to the stripe's P and read by GetStats at any time.
 type counters struct {
-	rps        [AllowanceLast]int64
-	actions    [ActionLast]int64
-	ipReasons  [IPLast]int64
-	rtReasons  [RTLast]int64
-	reportOnly [ActionLast]int64
+	rps        [AllowanceLast]ownedWord
+	actions    [ActionLast]ownedWord
+	ipReasons  [IPLast]ownedWord
+	rtReasons  [RTLast]ownedWord
+	reportOnly [ActionLast]ownedWord
 }
 
 // count records one Debit call. would is the action before report-only turned it
 // into Send (equal to act otherwise).
 func (c *counters) count(cat AllowanceCategory, act, would Action, ipr IPReason, rtr RTReason, reportOnly bool) {
 	if cat < AllowanceLast {
-		c.rps[cat]++
+		c.rps[cat].inc()
 	}
-	c.actions[act]++
-	c.ipReasons[ipr]++
-	c.rtReasons[rtr]++
+	c.actions[act].inc()
+	c.ipReasons[ipr].inc()
+	c.rtReasons[rtr].inc()
 	if reportOnly {
-		c.reportOnly[would]++
+		c.reportOnly[would].inc()
 	}
 }
 
 // addTo adds c into st.
 func (c *counters) addTo(st *Stats) {
-	st.addCounts(&c.rps, &c.actions, &c.ipReasons, &c.rtReasons, &c.reportOnly)
+	load := func(to []int64, from []ownedWord) {
+		for i := range from {
+			to[i] += int64(from[i].load())
+		}
+	}
+	load(st.RPS[:], c.rps[:])
+	load(st.Actions[:], c.actions[:])
+	load(st.IPReasons[:], c.ipReasons[:])
+	load(st.RTReasons[:], c.rtReasons[:])
+	load(st.ReportOnly[:], c.reportOnly[:])
+}
+
+// subtract takes the counts of base from s (CacheLength stays).
+func (s *Stats) subtract(base *Stats) {
+	sub := func(to, from []int64) {
+		for i := range from {
+			to[i] -= from[i]
+		}
+	}
+	sub(s.RPS[:], base.RPS[:])
+	sub(s.Actions[:], base.Actions[:])
+	sub(s.IPReasons[:], base.IPReasons[:])
+	sub(s.RTReasons[:], base.RTReasons[:])
+	sub(s.ReportOnly[:], base.ReportOnly[:])
+	s.Evictions -= base.Evictions
 }
 
 // addCounts adds per-constant counts into s's arrays of the same shape: the one
-// loop behind Add and the table's per-shard counters.
+// loop behind Add.
 func (s *Stats) addCounts(rps *[AllowanceLast]int64, actions *[ActionLast]int64,
 	ipReasons *[IPLast]int64, rtReasons *[RTLast]int64, reportOnly *[ActionLast]int64) {
 	for i, v := range rps {

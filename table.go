@@ -2,25 +2,38 @@ package rrl
 
 import (
 	"math/bits"
+	"runtime"
 	"sync"
 	"sync/atomic"
 )
 
-// The account table. Accounts live in shards, each a mutex and an open-addressing
-// hash table with linear probing over fixed-size 16-byte entries: no pointers, so the
-// garbage collector never scans it, and no allocation once a shard has grown. A
-// client network always maps to the same shard, so one Debit takes one lock.
+// The account table. Accounts live in shards, each an open-addressing hash table
+// with linear probing over fixed-size 16-byte entries: no pointers, so the garbage
+// collector never scans it, and no allocation once a shard has grown. A client
+// network always maps to the same shard.
 //
-// An entry is the account's 64-bit keyed hash, whose low 4 bits hold the slip
-// countdown, and the account's zero time (see charge). A shard holds its share of
-// max-table-size at a load of at most 3/4; at that share it evicts before it
-// inserts. Tables of up to preallocBytes are allocated at full size at once, in one
-// piece for all shards (creating an account then never pays for growth); larger
-// ones grow by doubling, shard by shard. Every new account costs a cache miss in a
-// table larger than the caches, and on virtual machines a TLB miss costs several
-// more: on Linux a preallocated table is therefore offered transparent huge pages
-// (madvise MADV_HUGEPAGE), which cut the cost of creating an account in a table of
-// a million by a fifth in the package's benchmarks.
+// An entry is a tag, the account's keyed hash in its upper 59 bits with the slip
+// countdown in the low 4 and the entry's lock in bit 4, and the account's zero time
+// (see charge). Debiting an existing account takes no shard lock: the caller finds the
+// entry by probing and locks the entry alone by setting its lock bit, so two cores
+// serving different clients write no cache line in common. (A shard mutex taken by
+// every call moved its cache line between the cores on most calls, which cost more
+// than the debit itself and kept two cores at the speed of one.) Only changes of the
+// table's structure take the shard's mutex: inserting an account, evicting one, and
+// growing. They lock every entry they move or overwrite first, so a debit in
+// progress always finishes on the live copy of its account. A caller that finds its
+// key missing or locked, or that runs into a change in progress, takes the mutex
+// and looks again; an entry that a structural change left behind stays locked, so
+// nobody debits a stale copy.
+//
+// A shard holds its share of max-table-size at a load of at most 3/4; at that share
+// it evicts before it inserts. Tables of up to preallocBytes are allocated at full
+// size at once, in one piece for all shards (creating an account then never pays
+// for growth); larger ones grow by doubling, shard by shard. Every new account costs
+// a cache miss in a table larger than the caches, and on virtual machines a TLB miss
+// costs several more: on Linux a preallocated table is therefore offered
+// transparent huge pages (madvise MADV_HUGEPAGE), which cut the cost of creating an
+// account in a table of a million by a fifth in the package's benchmarks.
 //
 // Eviction takes the account that loses least from a sample of the first
 // evictSample accounts of the new key's probe sequence: the one with the earliest
@@ -31,16 +44,21 @@ import (
 // latest zero times of all and is the last to go. The sample makes eviction constant
 // time; the keyed hash keeps an attacker from choosing which slots are sampled.
 
-// entry is one account.
+// entry is one account. The tag is read and written atomically by anyone probing;
+// the zero time is written by the holder of the entry's lock (and read, for
+// choosing an eviction victim, by the holder of the shard's mutex).
 type entry struct {
-	tag  uint64 // account key | slip countdown; 0 means empty
-	zero Fixed  // time at which the balance is zero; balance = now - zero
+	tag  atomic.Uint64 // account key | lock bit | slip countdown; 0 means empty
+	zero ownedWord     // Fixed time at which the balance is zero; balance = now - zero
 }
 
 const (
-	slipMask     = 0xf // low bits of tag: the slip countdown (slip-ratio <= 10)
-	evictSample  = 8   // accounts examined per eviction
-	initialSlots = 64  // slots of a shard's first table
+	slipMask         = 0xf           // low bits of tag: the slip countdown (slip-ratio <= 10)
+	lockBit          = 0x10          // tag bit: the entry is locked
+	keyMask          = ^uint64(0x1f) // tag bits that hold the key
+	evictSample      = 8             // accounts examined per eviction
+	initialSlots     = 64            // slots of a shard's first table
+	spinsBeforeYield = 64            // failed attempts to lock an entry before yielding the processor
 	// preallocBytes: tables up to this size are allocated in full by New; the
 	// default max-table-size of 100000 takes 2.1 MB.
 	preallocBytes = 32 << 20
@@ -52,33 +70,35 @@ const (
 	minShardAccounts = 64
 )
 
-// shard is one lock's worth of the table, with the statistics of the Debit calls
-// that landed on it.
-type shard struct {
-	mu       sync.Mutex
-	slots    []entry
-	live     int   // accounts in slots
-	limit    int   // accounts allowed in this shard
-	maxSlots int   // len(slots) never exceeds this
-	last     Fixed // latest time seen: the shard's clock never runs backwards
+// slotTable is a shard's array of entries, replaced as a whole when it grows.
+type slotTable struct{ slots []entry }
 
-	stats     counters
+// shard is one mutex's worth of the table.
+type shard struct {
+	table atomic.Pointer[slotTable] // read without the mutex, replaced under it
+
+	mu        sync.Mutex
+	live      int // accounts in the table
+	limit     int // accounts allowed in this shard
+	maxSlots  int // the table never has more slots than this
 	evictions int64
 
-	// qps-scale query counting: written under mu, read by any goroutine.
-	qsec  atomic.Int64  // the second qcur counts
-	qcur  atomic.Uint64 // queries in second qsec
-	qprev atomic.Uint64 // queries in second qsec-1
-
-	_ [64]byte // keeps neighbouring shards' hot fields off each other's cache lines
+	_ [64]byte // keeps neighbouring shards' fields off each other's cache lines
 }
 
 // init sizes s for limit accounts.
 func (s *shard) init(limit int) {
 	s.limit = max(limit, 1)
 	s.maxSlots = s.limit + s.limit/3 + 1 // load factor at most 3/4, always one slot free
-	s.last = clockOffset
+	s.table.Store(&slotTable{})
 }
+
+// setSlots gives s the table slots (empty entries), as New does for preallocated
+// tables.
+func (s *shard) setSlots(slots []entry) { s.table.Store(&slotTable{slots: slots}) }
+
+// entries returns the shard's current table.
+func (s *shard) entries() []entry { return s.table.Load().slots }
 
 // home is the first slot of key's probe sequence in a table of n slots.
 func home(key uint64, n int) int {
@@ -86,22 +106,73 @@ func home(key uint64, n int) int {
 	return int(hi)
 }
 
-// lookup returns the entry of key, inserting a new zeroed one (fresh true) when it
-// is missing, evicting another account if the shard is full. The pointer is valid
-// until the next lookup.
-func (s *shard) lookup(key uint64) (e *entry, fresh bool) {
-	if s.slots == nil {
-		s.slots = make([]entry, min(initialSlots, s.maxSlots))
+// lockEntry locks e, waiting for whoever holds it, and returns its tag with the
+// lock bit set. Holders keep an entry for a few dozen nanoseconds, unless their
+// goroutine is preempted inside: then waiting yields the processor.
+func lockEntry(e *entry) uint64 {
+	for spins := 0; ; spins++ {
+		if t := e.tag.Load(); t&lockBit == 0 && e.tag.CompareAndSwap(t, t|lockBit) {
+			return t | lockBit
+		}
+		if spins >= spinsBeforeYield {
+			runtime.Gosched()
+		}
 	}
-	n := len(s.slots)
+}
+
+// release stores the account's new zero time and tag (whose lock bit it clears),
+// unlocking e.
+func (e *entry) release(tag uint64, zero Fixed) {
+	e.zero.store(uint64(zero))
+	e.tag.Store(tag &^ lockBit)
+}
+
+// acquire returns key's entry locked, with its tag (lock bit set), inserting a new
+// zeroed one (fresh true) when it is missing, evicting another account if the shard
+// is full. The caller must release it before acquiring another entry.
+func (s *shard) acquire(key uint64) (e *entry, tag uint64, fresh bool) {
+	// The common case: the account exists and nobody holds it.
+	slots := s.table.Load().slots
+	if n := len(slots); n > 0 {
+		for i := home(key, n); ; {
+			t := slots[i].tag.Load()
+			if t == 0 {
+				break
+			}
+			if t&keyMask == key {
+				if t&lockBit == 0 && slots[i].tag.CompareAndSwap(t, t|lockBit) {
+					return &slots[i], t | lockBit, false
+				}
+				break
+			}
+			if i++; i == n {
+				i = 0
+			}
+		}
+	}
+	s.mu.Lock()
+	e, tag, fresh = s.lookup(key)
+	s.mu.Unlock()
+	return e, tag, fresh
+}
+
+// lookup is acquire under s.mu. Keys change only under the mutex, so the probe
+// sees a stable table; entries may still be locked by debits in progress, which
+// lookup waits for.
+func (s *shard) lookup(key uint64) (e *entry, tag uint64, fresh bool) {
+	if len(s.entries()) == 0 {
+		s.setSlots(make([]entry, min(initialSlots, s.maxSlots)))
+	}
+	slots := s.entries()
+	n := len(slots)
 	i := home(key, n)
 	for {
-		t := s.slots[i].tag
+		t := slots[i].tag.Load()
 		if t == 0 {
 			break
 		}
-		if t&^slipMask == key {
-			return &s.slots[i], false
+		if t&keyMask == key {
+			return &slots[i], lockEntry(&slots[i]), false
 		}
 		if i++; i == n {
 			i = 0
@@ -109,21 +180,26 @@ func (s *shard) lookup(key uint64) (e *entry, fresh bool) {
 	}
 	switch {
 	case s.live >= s.limit:
-		return s.evict(key, i), true
+		e = s.evict(key, i)
+		return e, key | lockBit, true
 	case (s.live+1)*4 > n*3 && n < s.maxSlots:
 		s.grow()
+		slots = s.entries()
 		i = s.free(key)
 	}
-	s.slots[i] = entry{tag: key}
+	e = &slots[i]
+	e.zero.store(0)
+	e.tag.Store(key | lockBit)
 	s.live++
-	return &s.slots[i], true
+	return e, key | lockBit, true
 }
 
 // free returns the first empty slot of key's probe sequence.
 func (s *shard) free(key uint64) int {
-	n := len(s.slots)
+	slots := s.entries()
+	n := len(slots)
 	i := home(key, n)
-	for s.slots[i].tag != 0 {
+	for slots[i].tag.Load() != 0 {
 		if i++; i == n {
 			i = 0
 		}
@@ -131,34 +207,51 @@ func (s *shard) free(key uint64) int {
 	return i
 }
 
-// grow moves the entries into a table twice as large, or maxSlots.
+// grow moves the entries into a table twice as large, or maxSlots. Each entry is
+// locked before it is copied and left locked in the old table, so a debit that
+// still probes the old table finds its entry locked and looks again under the
+// mutex, in the new one.
 func (s *shard) grow() {
-	old := s.slots
-	s.slots = make([]entry, min(2*len(old), s.maxSlots))
-	for _, e := range old {
-		if e.tag != 0 {
-			s.slots[s.free(e.tag&^slipMask)] = e
+	old := s.entries()
+	slots := make([]entry, min(2*len(old), s.maxSlots))
+	n := len(slots)
+	for k := range old {
+		if old[k].tag.Load() == 0 {
+			continue
 		}
+		t := lockEntry(&old[k])
+		i := home(t&keyMask, n)
+		for slots[i].tag.Load() != 0 {
+			if i++; i == n {
+				i = 0
+			}
+		}
+		slots[i].zero.store(old[k].zero.load())
+		slots[i].tag.Store(t &^ lockBit)
 	}
+	s.setSlots(slots)
 }
 
 // evict makes room for key, whose probe sequence reaches its first empty slot at
 // gap, by evicting the account that loses least among the first evictSample
 // accounts of key's probe sequence (see the top of this file), and returns key's
-// new entry. Starting the sample at key's home slot means the run the new key joins
-// loses an entry, so runs stay as short as at the same load without deletions; and
-// a victim within that run (the common case) is simply overwritten in place.
+// new entry, locked. Starting the sample at key's home slot means the run the new
+// key joins loses an entry, so runs stay as short as at the same load without
+// deletions; and a victim within that run (the common case) is simply overwritten
+// in place.
 func (s *shard) evict(key uint64, gap int) *entry {
-	n := len(s.slots)
+	slots := s.entries()
+	n := len(slots)
 	victim, seen := -1, 0
+	var victimZero uint64
 	pastGap, victimPastGap := false, false
 	for i, k := home(key, n), 0; seen < evictSample && k < n; k++ {
 		if i == gap {
 			pastGap = true
-		} else if e := &s.slots[i]; e.tag != 0 {
+		} else if slots[i].tag.Load() != 0 {
 			seen++
-			if victim < 0 || e.zero < s.slots[victim].zero {
-				victim, victimPastGap = i, pastGap
+			if z := slots[i].zero.load(); victim < 0 || z < victimZero {
+				victim, victimZero, victimPastGap = i, z, pastGap
 			}
 		}
 		if i++; i == n {
@@ -167,114 +260,103 @@ func (s *shard) evict(key uint64, gap int) *entry {
 	}
 	s.evictions++
 	if !victimPastGap { // in key's run: every slot from home to it is full
-		s.slots[victim] = entry{tag: key}
-		return &s.slots[victim]
+		e := &slots[victim]
+		lockEntry(e)
+		e.zero.store(0)
+		e.tag.Store(key | lockBit)
+		return e
 	}
 	// Beyond the gap. Removing it may shift an entry of key's run back to its
 	// own home across the end of the table, so look for key's first empty slot
 	// again.
 	s.remove(victim)
-	gap = s.free(key)
-	s.slots[gap] = entry{tag: key}
+	e := &slots[s.free(key)]
+	e.zero.store(0)
+	e.tag.Store(key | lockBit)
 	s.live++
-	return &s.slots[gap]
+	return e
 }
 
 // remove empties slot i and shifts later entries of its probe run back, so that
-// every entry stays reachable from its home slot without tombstones.
+// every entry stays reachable from its home slot without tombstones. Every entry
+// it overwrites or moves is locked first; a moved entry's copy is complete before
+// its tag makes it visible, and its old slot stays locked until it is overwritten
+// or emptied in turn.
 func (s *shard) remove(i int) {
-	n := len(s.slots)
+	slots := s.entries()
+	n := len(slots)
+	lockEntry(&slots[i])
 	j := i
 	for {
 		if j++; j == n {
 			j = 0
 		}
-		t := s.slots[j].tag
+		t := slots[j].tag.Load()
 		if t == 0 {
 			break
 		}
-		h := home(t&^slipMask, n)
+		h := home(t&keyMask, n)
 		// The entry at j may move to i unless its home lies cyclically in (i, j].
 		if (i <= j && (h <= i || h > j)) || (i > j && h <= i && h > j) {
-			s.slots[i] = s.slots[j]
+			t = lockEntry(&slots[j])
+			slots[i].zero.store(slots[j].zero.load())
+			slots[i].tag.Store(t &^ lockBit)
 			i = j
 		}
 	}
-	s.slots[i] = entry{}
+	slots[i].zero.store(0)
+	slots[i].tag.Store(0)
 	s.live--
 }
 
-// clock advances the shard's clock to now, unless now is earlier: time stepping
-// backwards stands still instead, so it can never add credit.
-func (s *shard) clock(now Fixed) Fixed {
-	if now > s.last {
-		s.last = now
-	}
-	return s.last
-}
-
-// countQuery counts a query for qps-scale in the second of now.
-func (s *shard) countQuery(sec int64) {
-	switch cur := s.qsec.Load(); {
-	case sec == cur:
-	case sec == cur+1:
-		s.qprev.Store(s.qcur.Load())
-		s.qcur.Store(0)
-		s.qsec.Store(sec)
-	default:
-		s.qprev.Store(0)
-		s.qcur.Store(0)
-		s.qsec.Store(sec)
-	}
-	s.qcur.Add(1)
-}
-
-// queriesIn returns the shard's query count of second sec, as far as it knows it.
-func (s *shard) queriesIn(sec int64) uint64 {
-	switch s.qsec.Load() {
-	case sec:
-		return s.qcur.Load()
-	case sec + 1:
-		return s.qprev.Load()
-	}
-	return 0
-}
-
-// charge debits cost from the account e at time now (fresh when just created) and
-// reports whether the balance is negative afterwards. The balance is not stored: an
-// account holds the time at which its balance is zero, so the balance at time now is
-// now - zero, credit accrues at one second per second without any update, and a
-// debit moves zero later by its cost. Before the debit the balance is clamped to one
-// second (zero >= now - 1 s); a fresh account starts there, so its first debit leaves
-// one second minus the cost. (For an allowance below one per second the cap is the
-// cost of one response instead, so that the account admits one response per
-// 1/allowance seconds rather than none.) After it the balance is clamped to -window
-// (zero <= now + window). Reaching full credit resets the slip countdown, as in BIND.
-func charge(e *entry, fresh bool, now, cost, window Fixed) (limited bool) {
+// charge debits cost from an account whose tag and zero time are given (fresh when
+// just created) at time now and reports whether the balance is negative afterwards.
+// The balance is not stored: an account holds the time at which its balance is
+// zero, so the balance at time now is now - zero, credit accrues at one second per
+// second without any update, and a debit moves zero later by its cost. Before the
+// debit the balance is clamped to one second (zero >= now - 1 s); a fresh account
+// starts there, so its first debit leaves one second minus the cost. (For an
+// allowance below one per second the cap is the cost of one response instead, so
+// that the account admits one response per 1/allowance seconds rather than none.)
+// After it the balance is clamped to -window (zero <= now + window). Reaching full
+// credit resets the slip countdown, as in BIND.
+func charge(tag *uint64, zero *Fixed, fresh bool, now, cost, window Fixed) (limited bool) {
 	full := now - max(FixedOne, cost) // now >= clockOffset > maxCost >= cost
-	if fresh || e.zero <= full {
-		e.zero = full
-		e.tag &^= slipMask
+	if fresh || *zero <= full {
+		*zero = full
+		*tag &^= slipMask
 	}
-	z := e.zero + cost // cost <= window + 1 s and times stay far below 2^63
+	z := *zero + cost // cost <= window + 1 s and times stay far below 2^63
 	if z > now+window {
 		z = now + window
 	}
-	e.zero = z
+	*zero = z
 	return z > now // a balance of exactly zero is not limited
 }
 
-// slip advances the slip countdown of a limited response account and reports
-// whether this response slips: the first limited response after the account was at
-// full credit slips, then every ratio-th (0 never, 1 always).
-func slip(e *entry, ratio uint64) bool {
+// slip advances the slip countdown held in a limited response account's tag and
+// reports whether this response slips: the first limited response after the
+// account was at full credit slips, then every ratio-th (0 never, 1 always).
+func slip(tag *uint64, ratio uint64) bool {
 	if ratio == 0 {
 		return false
 	}
-	if e.tag&slipMask == 0 {
-		e.tag |= ratio - 1
+	if *tag&slipMask == 0 {
+		*tag |= ratio - 1
 		return true
 	}
-	e.tag--
+	*tag--
 	return false
+}
+
+// debit charges cost to the account key at time now, reporting whether it is
+// limited and, for a limited account with a slip ratio, whether the response slips.
+func (s *shard) debit(key uint64, now, cost, window Fixed, slipRatio uint64) (limited, slipped bool) {
+	e, tag, fresh := s.acquire(key)
+	zero := Fixed(e.zero.load())
+	if limited = charge(&tag, &zero, fresh, now, cost, window); limited {
+		slipped = slip(&tag, slipRatio)
+	}
+	e.release(tag, zero)
+	return limited, slipped
 }

@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"math/rand/v2"
+	"sync"
 	"testing"
 )
 
@@ -10,20 +11,25 @@ import (
 func checkShard(t *testing.T, s *shard) {
 	t.Helper()
 	live := 0
-	for i, e := range s.slots {
-		if e.tag == 0 {
+	slots := s.entries()
+	for i := range slots {
+		tag := slots[i].tag.Load()
+		if tag == 0 {
 			continue
 		}
+		if tag&lockBit != 0 {
+			t.Fatalf("entry in slot %d left locked", i)
+		}
 		live++
-		n := len(s.slots)
-		for j := home(e.tag&^slipMask, n); j != i; j = (j + 1) % n {
-			if s.slots[j].tag == 0 {
+		n := len(slots)
+		for j := home(tag&keyMask, n); j != i; j = (j + 1) % n {
+			if slots[j].tag.Load() == 0 {
 				t.Fatalf("entry in slot %d unreachable: empty slot %d in its probe run", i, j)
 			}
 		}
 	}
-	if live != s.live || live > s.limit || len(s.slots) > s.maxSlots || live >= len(s.slots) {
-		t.Fatalf("live %d counted %d, limit %d, %d slots of at most %d", live, s.live, s.limit, len(s.slots), s.maxSlots)
+	if live != s.live || live > s.limit || len(slots) > s.maxSlots || live >= len(slots) {
+		t.Fatalf("live %d counted %d, limit %d, %d slots of at most %d", live, s.live, s.limit, len(slots), s.maxSlots)
 	}
 }
 
@@ -34,7 +40,7 @@ func TestShardModel(t *testing.T) {
 		var s shard
 		s.init(limit)
 		if limit%2 == 0 { // preallocated, as New does for small tables
-			s.slots = make([]entry, s.maxSlots)
+			s.setSlots(make([]entry, s.maxSlots))
 		}
 		model := map[uint64]Fixed{} // key -> zero time
 		rng := rand.New(rand.NewPCG(uint64(limit), 1))
@@ -44,18 +50,18 @@ func TestShardModel(t *testing.T) {
 		}
 		for step := range 6000 {
 			key := keys[rng.IntN(len(keys))]
-			e, fresh := s.lookup(key)
+			e, tag, fresh := s.acquire(key)
 			if _, ok := model[key]; ok == fresh {
 				t.Fatalf("limit %d step %d: fresh %v but in model %v", limit, step, fresh, ok)
 			}
-			if e.tag&^slipMask != key {
-				t.Fatalf("lookup returned another key's entry")
+			if tag&keyMask != key || tag&lockBit == 0 || e.tag.Load() != tag {
+				t.Fatalf("acquire returned another key's entry, or not locked: %x for %x", tag, key)
 			}
-			if !fresh && e.zero != model[key] {
-				t.Fatalf("entry lost its state: %v, want %v", e.zero, model[key])
+			if z := Fixed(e.zero.load()); !fresh && z != model[key] {
+				t.Fatalf("entry lost its state: %v, want %v", z, model[key])
 			}
-			e.zero = Fixed(step + 1)
-			model[key] = e.zero
+			e.release(tag, Fixed(step+1))
+			model[key] = Fixed(step + 1)
 			if len(model) > s.live { // the shard evicted one: find which
 				for k := range model {
 					if f, _ := findKey(&s, k); !f {
@@ -79,13 +85,21 @@ func TestShardModel(t *testing.T) {
 
 // findKey looks key up without inserting.
 func findKey(s *shard, key uint64) (bool, *entry) {
-	n := len(s.slots)
-	for i := home(key, n); s.slots[i].tag != 0; i = (i + 1) % n {
-		if s.slots[i].tag&^slipMask == key {
-			return true, &s.slots[i]
+	slots := s.entries()
+	n := len(slots)
+	for i := home(key, n); slots[i].tag.Load() != 0; i = (i + 1) % n {
+		if slots[i].tag.Load()&keyMask == key {
+			return true, &slots[i]
 		}
 	}
 	return false, nil
+}
+
+// setZero acquires key's account (creating it if need be) and releases it with
+// zero time z.
+func setZero(s *shard, key uint64, z Fixed) {
+	e, tag, _ := s.acquire(key)
+	e.release(tag, z)
 }
 
 func TestEvictLosesLeast(t *testing.T) {
@@ -97,19 +111,17 @@ func TestEvictLosesLeast(t *testing.T) {
 		var s shard
 		s.init(5)
 		if round%2 == 0 {
-			s.slots = make([]entry, s.maxSlots)
+			s.setSlots(make([]entry, s.maxSlots))
 		}
 		var keys []uint64
 		for range 5 {
 			k := accountKey(rng.Uint64(), 0)
-			e, _ := s.lookup(k)
-			e.zero = Fixed(1000 + rng.IntN(1000))
+			setZero(&s, k, Fixed(1000+rng.IntN(1000)))
 			keys = append(keys, k)
 		}
 		oldest := keys[rng.IntN(5)]
-		_, e := findKey(&s, oldest)
-		e.zero = 1
-		s.lookup(accountKey(rng.Uint64(), 0))
+		setZero(&s, oldest, 1)
+		setZero(&s, accountKey(rng.Uint64(), 0), 2000)
 		if found, _ := findKey(&s, oldest); found {
 			t.Fatalf("round %d: the account nearest full credit survived", round)
 		}
@@ -128,7 +140,8 @@ func TestCharge(t *testing.T) {
 	// charge on its own, in Fixed seconds (times include clockOffset).
 	half, window := FixedOne/2, FixedFromInt(2)
 	now := clockOffset
-	var e entry
+	var tag uint64
+	var zero Fixed
 	steps := []struct {
 		dt      Fixed // time advance before the debit
 		fresh   bool
@@ -147,10 +160,10 @@ func TestCharge(t *testing.T) {
 	}
 	for i, st := range steps {
 		now += st.dt
-		if got := charge(&e, st.fresh, now, half, window); got != st.limited {
+		if got := charge(&tag, &zero, st.fresh, now, half, window); got != st.limited {
 			t.Errorf("step %d: limited %v", i, got)
 		}
-		if b := now.Float64() - e.zero.Float64(); b != st.balance {
+		if b := now.Float64() - zero.Float64(); b != st.balance {
 			t.Errorf("step %d: balance %v, want %v", i, b, st.balance)
 		}
 	}
@@ -164,25 +177,105 @@ func TestEvictAcrossTheEnd(t *testing.T) {
 	const homeOf0, homeOf2a, homeOf2b = 0x1000000000000000, 0xe000000000000000, 0xf000000000000000
 	var s shard
 	s.init(2)
-	s.slots = make([]entry, s.maxSlots)
-	y, _ := s.lookup(homeOf2a) // slot 2
-	y.zero = 1
-	x, _ := s.lookup(homeOf2b) // slot 0, wrapped
-	x.zero = 5
-	if s.slots[0].tag != homeOf2b || s.slots[2].tag != homeOf2a {
-		t.Fatalf("setup: %v", s.slots)
+	s.setSlots(make([]entry, s.maxSlots))
+	setZero(&s, homeOf2a, 1) // slot 2
+	setZero(&s, homeOf2b, 5) // slot 0, wrapped
+	slots := s.entries()
+	if slots[0].tag.Load() != homeOf2b || slots[2].tag.Load() != homeOf2a {
+		t.Fatalf("setup: %x %x %x", slots[0].tag.Load(), slots[1].tag.Load(), slots[2].tag.Load())
 	}
-	e, fresh := s.lookup(homeOf0) // evicts y (earliest zero), beyond the empty slot 1
-	if !fresh || e.tag != homeOf0 {
-		t.Fatalf("insert: %v %v", e, fresh)
+	e, tag, fresh := s.acquire(homeOf0) // evicts homeOf2a (earliest zero), beyond the empty slot 1
+	if !fresh || tag != homeOf0|lockBit {
+		t.Fatalf("insert: %x %v", tag, fresh)
 	}
+	e.release(tag, 9)
 	for _, k := range []uint64{homeOf0, homeOf2b} {
 		if found, _ := findKey(&s, k); !found {
-			t.Errorf("key %x unreachable: %v", k, s.slots)
+			t.Errorf("key %x unreachable", k)
 		}
 	}
 	if found, _ := findKey(&s, homeOf2a); found {
 		t.Errorf("the evicted key is still there")
 	}
 	checkShard(t, &s)
+}
+
+// TestShardConcurrentGrowth debits a few hundred accounts from several goroutines at
+// once in a shard that starts small and grows four times over: every debit must
+// land on the live copy of its account (none lost in a copy that growth left
+// behind), and no entry may be duplicated or left locked.
+func TestShardConcurrentGrowth(t *testing.T) {
+	const keys, workers, rounds = 300, 4, 2000
+	var s shard
+	s.init(keys) // room for all: no evictions, growth from initialSlots
+	key := func(i int) uint64 { return accountKey(uint64(i)*0x9e3779b97f4a7c15, 7) }
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 9))
+			for range rounds {
+				e, tag, _ := s.acquire(key(rng.IntN(keys)))
+				e.release(tag, Fixed(e.zero.load()+1))
+			}
+		})
+	}
+	wg.Wait()
+	checkShard(t, &s)
+	var total uint64
+	seen := map[uint64]bool{}
+	for i := range s.entries() {
+		e := &s.entries()[i]
+		if tag := e.tag.Load(); tag != 0 {
+			if seen[tag] {
+				t.Fatalf("key %x twice in the table", tag)
+			}
+			seen[tag] = true
+			total += e.zero.load()
+		}
+	}
+	if len(s.entries()) != s.maxSlots {
+		t.Errorf("table has %d slots, want it grown to %d", len(s.entries()), s.maxSlots)
+	}
+	if total != workers*rounds {
+		t.Errorf("%d debits counted, want %d", total, workers*rounds)
+	}
+}
+
+// TestShardConcurrentEvictions debits far more accounts than a small shard holds
+// from several goroutines at once, so that nearly every call inserts and evicts
+// (in place and by shifting entries back) while others debit existing accounts:
+// afterwards the table must be consistent, hold every key at most once and have
+// no entry left locked.
+func TestShardConcurrentEvictions(t *testing.T) {
+	for _, prealloc := range []bool{false, true} {
+		var s shard
+		s.init(50)
+		if prealloc {
+			s.setSlots(make([]entry, s.maxSlots))
+		}
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(w), 11))
+				for step := range 5000 {
+					e, tag, _ := s.acquire(accountKey(uint64(rng.IntN(200)), 3))
+					e.release(tag, Fixed(step))
+				}
+			})
+		}
+		wg.Wait()
+		checkShard(t, &s)
+		seen := map[uint64]bool{}
+		for i := range s.entries() {
+			if tag := s.entries()[i].tag.Load(); tag != 0 {
+				if seen[tag&keyMask] {
+					t.Fatalf("key %x twice in the table", tag)
+				}
+				seen[tag&keyMask] = true
+			}
+		}
+		if s.live != s.limit || s.evictions == 0 {
+			t.Errorf("prealloc %v: %d live of %d, %d evictions", prealloc, s.live, s.limit, s.evictions)
+		}
+	}
 }
