@@ -42,7 +42,7 @@ func (m FilterMode) String() string {
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 2
+const layoutVersion = 3
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -300,6 +300,7 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 	limits, prefixes := latticeOf(cfg)
 	for i := range limits {
 		s.Limit[i] = uint64(limits[i])
+		s.Trip[i] = uint64(tripCount(limits[i]))
 		s.Prefix[i] = prefixes[i]
 	}
 	for _, p := range cfg.exempt {

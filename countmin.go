@@ -100,6 +100,23 @@ func arrivalRate(count Fixed) Fixed {
 	return count.Sub(FixedHalf).Mul(rateScale)
 }
 
+// tripCount returns the smallest count whose arrivalRate reaches limit (the
+// largest Fixed if none does). Below it a packet passes whatever its draw, since
+// the draw is a fraction below 1: the kernel program compares with it first and
+// takes a random number only at or above it, with the same verdicts.
+func tripCount(limit Fixed) Fixed {
+	lo, hi := Fixed(0), ^Fixed(0) // arrivalRate(hi) >= limit, or hi is the largest
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if arrivalRate(mid) >= limit {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}
+
 // cellRate is the rate estimate of a cell read at now without an arrival (for
 // reports such as the heaviest groups).
 func cellRate(count Fixed, last, now uint64) Fixed {
@@ -119,14 +136,15 @@ func mix64(x uint64) uint64 {
 	return x
 }
 
-// sketchHash hashes a node key: the masked source address as two 64-bit words (an
-// IPv4 address is hi 0, lo the address), the source port (0 for wildcard nodes) and
-// the node number, keyed by a per-limiter random seed so that an attacker cannot
-// aim collisions at a victim's cells.
-func sketchHash(seed, hi, lo uint64, port uint16, node uint8) uint64 {
-	h := mix64(seed ^ hi)
-	h = mix64(h ^ lo)
-	return mix64(h ^ (uint64(port)<<8 | uint64(node)))
+// sketchHash hashes a node key, two 64-bit words: for a level node the masked
+// source address (an IPv4 address is hi 0, lo the address), for the port node hi 0
+// and lo the source port, for the total node 0 and 0. It is keyed by a per-limiter
+// random seed so that an attacker cannot aim collisions at a victim's cells. Every
+// node has sketches of its own, so the node need not be hashed; and with hi 0 the
+// first round is the same for every key (mix64(seed), computed once), so an IPv4
+// key costs one round.
+func sketchHash(seed, hi, lo uint64) uint64 {
+	return mix64(mix64(seed^hi) ^ lo)
 }
 
 // sketchIndex is the column of row in a sketch of width 1<<sketchWidthShift: each row

@@ -281,7 +281,7 @@ func TestCountMinMatchesReference(t *testing.T) {
 	now := uint64(second)
 	keys := make([]uint64, 5000)
 	for i := range keys {
-		keys[i] = sketchHash(r.Uint64(), 0, uint64(i), 0, 0)
+		keys[i] = sketchHash(r.Uint64(), 0, uint64(i))
 	}
 	for i := range 200_000 {
 		now += r.Uint64N(100_000)
@@ -359,7 +359,7 @@ func checkCountMinBound(t *testing.T, s sketch, depth, width, keys int, seed uin
 	for k := range keys {
 		rates[k] = 2000 / float64(k+1)
 		total += rates[k]
-		hashes[k] = sketchHash(hashSeed, 0, uint64(k), 0, 3)
+		hashes[k] = sketchHash(hashSeed, 0, uint64(k))
 		next[k] = float64(second) + r.ExpFloat64()/rates[k]*second
 	}
 	// Run 3 s of merged Poisson arrivals in time order (a simple scan per event is
@@ -434,4 +434,28 @@ func TestCountMinConcurrent(t *testing.T) {
 		t.Errorf("hot key count %.0f after %d arrivals", got, workers*n)
 	}
 	t.Logf("hot key counted %.0f of %d arrivals under contention", got, workers*n)
+}
+
+// TestTripCount checks the kernel program's shortcut: below tripCount(limit) the
+// arrival rate is below limit, so every draw passes; at it the rate reaches limit.
+func TestTripCount(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	limits := []Fixed{1, FixedOne, FixedFromInt(100), FixedFromInt(1600), FixedFromRatio(1, 3), rateScale, rateScale + 1, ^Fixed(0)}
+	for range 200 {
+		limits = append(limits, Fixed(r.Uint64N(1<<50)))
+	}
+	for _, limit := range limits {
+		trip := tripCount(limit)
+		if trip != ^Fixed(0) && arrivalRate(trip) < limit {
+			t.Fatalf("limit %v: rate at trip count %v is %v, below the limit", limit, trip, arrivalRate(trip))
+		}
+		if trip > 0 && arrivalRate(trip-1) >= limit {
+			t.Fatalf("limit %v: rate %v just below trip count %v reaches the limit", limit, arrivalRate(trip-1), trip)
+		}
+		for _, c := range []Fixed{0, trip / 2, trip - min(trip, 1), trip - min(trip, FixedOne)} {
+			if c < trip && (^Fixed(0)>>32).Mul(arrivalRate(c)) >= limit {
+				t.Fatalf("limit %v: count %v below the trip count would be limited by the largest draw", limit, c)
+			}
+		}
+	}
 }

@@ -29,7 +29,7 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-#define LAYOUT_VERSION 2
+#define LAYOUT_VERSION 3
 
 #define MAX_LEVELS 5
 #define NODE_IPV4_FIRST 0
@@ -78,6 +78,7 @@ struct settings {
 	__u64 seed;
 	__u64 seed_mix0;          // mix64(seed), the hash's first round for hi == 0
 	fp_t limit[NUM_NODES];    // 0: node inactive
+	fp_t trip[NUM_NODES];     // smallest count whose arrival_rate reaches limit
 	__u8 prefix[NUM_NODES];   // prefix length of level nodes
 	__u8 pad2[4];
 	__u64 reflection_ports[65536 / 64]; // bitmap of source ports to drop
@@ -264,20 +265,19 @@ static __always_inline __u64 mix64(__u64 x)
 	return x;
 }
 
-static __always_inline __u64 sketch_hash(__u64 seed, __u64 hi, __u64 lo, __u16 port, __u8 node)
+// sketch_hash hashes a node key (sketchHash): the masked source address, the source
+// port (the port node: hi 0, lo the port) or nothing (the total node).
+static __always_inline __u64 sketch_hash(__u64 seed, __u64 hi, __u64 lo)
 {
-	__u64 h = mix64(seed ^ hi);
-	h = mix64(h ^ lo);
-	return mix64(h ^ (((__u64)port << 8) | node));
+	return mix64(mix64(seed ^ hi) ^ lo);
 }
 
 // node_hash is sketch_hash with its first round taken from the settings when hi is
 // 0 (IPv4 sources, the port and total nodes): seed_mix0 = mix64(seed).
-static __always_inline __u64 node_hash(struct settings *s, __u64 hi, __u64 lo, __u16 port, __u8 node)
+static __always_inline __u64 node_hash(struct settings *s, __u64 hi, __u64 lo)
 {
 	__u64 h = hi ? mix64(s->seed ^ hi) : s->seed_mix0;
-	h = mix64(h ^ lo);
-	return mix64(h ^ (((__u64)port << 8) | node));
+	return mix64(h ^ lo);
 }
 
 // ---- Packet parsing ----
@@ -464,24 +464,45 @@ static __always_inline int is_exempt(struct settings *s, struct packet *p)
 }
 
 // judgement is what node_check needs besides the node and its key: the clock and the
-// draw of the packet being judged.
+// draw of the packet being judged. The draw is taken when a node first needs it:
+// below a node's trip count the packet passes whatever the draw, so a packet within
+// every limit (all of them, without an attack) costs no random number.
 struct judgement {
 	struct settings *s;
 	__u64 now;
+	const __u32 *test_rnd;  // the draw tests replay; NULL: bpf_get_prandom_u32
 	__u32 rnd;
+	__u32 drawn;
 };
+
+static __always_inline __u32 draw(struct judgement *j)
+{
+	if (!j->drawn) {
+		j->rnd = j->test_rnd ? *j->test_rnd : bpf_get_prandom_u32();
+		j->drawn = 1;
+	}
+	return j->rnd;
+}
+
+// node_passes decides for a node whose count reached its trip count: the packet
+// passes with probability limit / rate. A subprogram, called only by packets of
+// sources over a limit, so that the three inlined copies of node_check stay small.
+static __noinline int node_passes(struct judgement *j, fp_t min, fp_t limit)
+{
+	return fp_mul_frac(arrival_rate(min), (fp_t)draw(j)) < limit;
+}
 
 // node_check counts the packet in node's sketch and reports whether the node lets
 // it pass for the draw: 1 pass, 0 limited, -1 internal error. Inlined at its three
 // call sites: as a BPF subprogram it would make the program a quarter smaller (the
 // kernel charges the program's size to each socket's option memory: 7.4 KB instead
 // of 10 KB, both far below optmem_max) but 10 ns slower per packet.
-static __always_inline int node_check(struct judgement *j, __u32 node, __u64 hi, __u64 lo, __u32 port)
+static __always_inline int node_check(struct judgement *j, __u32 node, __u64 hi, __u64 lo)
 {
 	struct settings *s = j->s;
 	if (node >= NUM_NODES)
 		return -1;
-	__u64 h = node_hash(s, hi, lo, (__u16)port, node);
+	__u64 h = node_hash(s, hi, lo);
 	fp_t min = FP_MAX;
 
 	for (__u32 row = 0; row < SKETCH_DEPTH; row++) {
@@ -494,7 +515,11 @@ static __always_inline int node_check(struct judgement *j, __u32 node, __u64 hi,
 		if (c->count < min)
 			min = c->count;
 	}
-	return fp_mul_frac(arrival_rate(min), (fp_t)j->rnd) < s->limit[node];
+	// arrival_rate(min) * draw < limit holds for every draw below the trip count
+	// (the draw is below 1): the same verdict without the multiplies.
+	if (min < s->trip[node])
+		return 1;
+	return node_passes(j, min, s->limit[node]);
 }
 
 static __always_inline void mask_level(struct packet *p, __u8 prefix, __u64 *hi, __u64 *lo)
@@ -522,10 +547,10 @@ static __always_inline void mask_level(struct packet *p, __u8 prefix, __u64 *hi,
 	}
 }
 
-// filter judges one packet; now (ns) and rnd (uniform 32-bit) are arguments so that
-// tests can replay the Go model's inputs. It returns the number of bytes to keep:
-// 0 drops the packet.
-static __always_inline int filter(struct __sk_buff *skb, __u64 now, __u32 rnd)
+// filter judges one packet; now (ns) and test_rnd (a uniform 32-bit draw, or NULL
+// for bpf_get_prandom_u32) are arguments so that tests can replay the Go model's
+// inputs. It returns the number of bytes to keep: 0 drops the packet.
+static __always_inline int filter(struct __sk_buff *skb, __u64 now, const __u32 *test_rnd)
 {
 	__u32 zero = 0;
 	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
@@ -570,7 +595,7 @@ static __always_inline int filter(struct __sk_buff *skb, __u64 now, __u32 rnd)
 	// The lattice: every active node of the packet counts it, then it passes only if
 	// every node lets it through for the one draw rnd, which is probability
 	// min(limit/rate) over the nodes. The first node that refuses is the decider.
-	struct judgement j = {.s = s, .now = now, .rnd = rnd};
+	struct judgement j = {.s = s, .now = now, .test_rnd = test_rnd};
 	__u32 first = p.v4 ? NODE_IPV4_FIRST : NODE_IPV6_FIRST;
 	int decider = -1;
 	// Not unrolled: the kernel charges the program's size to every socket it is
@@ -582,7 +607,7 @@ static __always_inline int filter(struct __sk_buff *skb, __u64 now, __u32 rnd)
 			continue;
 		__u64 hi, lo;
 		mask_level(&p, s->prefix[node], &hi, &lo);
-		int r = node_check(&j, node, hi, lo, 0);
+		int r = node_check(&j, node, hi, lo);
 		if (r < 0) {
 			count(c, COUNTER_ERROR);
 			goto pass;
@@ -591,7 +616,7 @@ static __always_inline int filter(struct __sk_buff *skb, __u64 now, __u32 rnd)
 			decider = node;
 	}
 	if (s->limit[NODE_PORT]) {
-		int r = node_check(&j, NODE_PORT, 0, 0, p.sport);
+		int r = node_check(&j, NODE_PORT, 0, p.sport);
 		if (r < 0) {
 			count(c, COUNTER_ERROR);
 			goto pass;
@@ -600,7 +625,7 @@ static __always_inline int filter(struct __sk_buff *skb, __u64 now, __u32 rnd)
 			decider = NODE_PORT;
 	}
 	if (s->limit[NODE_TOTAL]) {
-		int r = node_check(&j, NODE_TOTAL, 0, 0, 0);
+		int r = node_check(&j, NODE_TOTAL, 0, 0);
 		if (r < 0) {
 			count(c, COUNTER_ERROR);
 			goto pass;
@@ -632,7 +657,7 @@ pass:
 SEC("socket")
 int rrl_filter(struct __sk_buff *skb)
 {
-	return filter(skb, bpf_ktime_get_coarse_ns(), bpf_get_prandom_u32());
+	return filter(skb, bpf_ktime_get_coarse_ns(), NULL);
 }
 
 // ---- Test-only entry points: never loaded by Attach. ----
@@ -659,7 +684,7 @@ int rrl_filter_test(struct __sk_buff *skb)
 	struct test_input *in = bpf_map_lookup_elem(&rrl_test_input, &zero);
 	if (!in)
 		return skb->len;
-	return filter(skb, in->now, in->rnd);
+	return filter(skb, in->now, &in->rnd);
 }
 
 // fp_ops_test evaluates the fixed-point and estimator primitives on inputs from
@@ -690,6 +715,6 @@ int rrl_fp_test(struct __sk_buff *skb)
 	t->sub = fp_sub(t->a, t->b);
 	t->decay = decay_factor(t->a);
 	t->rate = arrival_rate(t->a);
-	t->hash = sketch_hash(t->a, t->b, t->a ^ t->b, (__u16)t->b, (__u8)t->a);
+	t->hash = sketch_hash(t->a, t->b, t->a ^ t->b);
 	return 1;
 }

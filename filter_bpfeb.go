@@ -46,6 +46,7 @@ type filterSettings struct {
 	Seed            uint64
 	SeedMix0        uint64
 	Limit           [12]uint64
+	Trip            [12]uint64
 	Prefix          [12]uint8
 	Pad2            [4]uint8
 	ReflectionPorts [1024]uint64

@@ -82,7 +82,7 @@ import (
 type Limiter struct {
 	seedv  uint64
 	mix0   uint64 // mix64(seedv): the first step of sketchHash when hi is 0
-	mix00  uint64 // mix64(mix0): the first two steps when hi and lo are 0
+	mix00  uint64 // mix64(mix0): sketchHash of the key 0, 0 (the total node)
 	sketch *[numNodes]countMin
 	params atomic.Pointer[limiterParams]
 	start  time.Time
@@ -321,8 +321,8 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 		a := uint64(binary.BigEndian.Uint32(a4[:]))
 		for i := range min(p.levels[0], maxRequestLevel) {
 			n := nodeIPv4First + i
-			// sketchHash(seed, 0, lo, 0, n); with hi = 0 its first step is mix0.
-			hs[k] = mix64(mix64(l.mix0^(a&^(math.MaxUint32>>p.prefix[n]))) ^ uint64(n))
+			// sketchHash(seed, 0, lo); with hi = 0 its first step is mix0.
+			hs[k] = mix64(l.mix0 ^ (a &^ (math.MaxUint32 >> p.prefix[n])))
 			ns[k] = uint8(n)
 			k++
 		}
@@ -330,7 +330,7 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 		st.judged[1].Add(1)
 		a16 := addr.As16()
 		hi, lo := binary.BigEndian.Uint64(a16[:8]), binary.BigEndian.Uint64(a16[8:])
-		// sketchHash(seed, mhi, mlo, 0, n), its first step shared by consecutive
+		// sketchHash(seed, mhi, mlo), its first step shared by consecutive
 		// levels with the same masked hi (all levels of /64 and longer).
 		prevHi, h1 := hi, mix64(l.seedv^hi)
 		for i := range min(p.levels[1], maxRequestLevel) {
@@ -339,17 +339,17 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 			if mhi != prevHi {
 				prevHi, h1 = mhi, mix64(l.seedv^mhi)
 			}
-			hs[k] = mix64(mix64(h1^mlo) ^ uint64(n))
+			hs[k] = mix64(h1 ^ mlo)
 			ns[k] = uint8(n)
 			k++
 		}
 	}
 	if p.limit[nodePort] != 0 {
-		hs[k], ns[k] = mix64(l.mix00^(uint64(src.Port())<<8|nodePort)), nodePort
+		hs[k], ns[k] = mix64(l.mix0^uint64(src.Port())), nodePort
 		k++
 	}
 	if p.limit[nodeTotal] != 0 {
-		hs[k], ns[k] = mix64(l.mix00^nodeTotal), nodeTotal
+		hs[k], ns[k] = l.mix00, nodeTotal
 		k++
 	}
 	// Then every node counts the arrival, and the first node whose limit the draw

@@ -463,10 +463,10 @@ func overLimit(l *Limiter, src netip.AddrPort, now uint64) float64 {
 	for n := range p.levels[0] {
 		b := netip.PrefixFrom(src.Addr(), p.prefix[n]).Masked().Addr().As4()
 		key := uint64(b[0])<<24 | uint64(b[1])<<16 | uint64(b[2])<<8 | uint64(b[3])
-		rate := l.sketch[n].rate(sketchHash(l.seed(), 0, key, 0, uint8(n)), now)
+		rate := l.sketch[n].rate(sketchHash(l.seed(), 0, key), now)
 		worst = max(worst, rate.Float64()/p.limit[n].Float64())
 	}
-	rate := l.sketch[nodePort].rate(sketchHash(l.seed(), 0, 0, src.Port(), nodePort), now)
+	rate := l.sketch[nodePort].rate(sketchHash(l.seed(), 0, uint64(src.Port())), now)
 	return max(worst, rate.Float64()/p.limit[nodePort].Float64())
 }
 
@@ -745,7 +745,7 @@ func (m *refLimiter) decide(src netip.AddrPort, now int64, draw uint32) (bool, i
 	t := uint64(max(now, 0))
 	decider := -1
 	for _, k := range keys {
-		rate := arrivalRate(m.sk[k.node].arrive(sketchHash(m.seed, k.hi, k.lo, k.port, uint8(k.node)), t))
+		rate := arrivalRate(m.sk[k.node].arrive(sketchHash(m.seed, k.hi, k.lo|uint64(k.port)), t))
 		if decider < 0 && !(Fixed(draw).Mul(rate) < m.limit[k.node]) {
 			decider = k.node
 		}

@@ -695,7 +695,7 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
 	// Only the group's own cells are read: one per row and level.
 	var lookupErr error
 	estimate := func(node int, hi, lo uint64, port uint16) float64 {
-		h := sketchHash(s.Seed, hi, lo, port, uint8(node))
+		h := sketchHash(s.Seed, hi, lo|uint64(port))
 		var m Fixed = ^Fixed(0)
 		for row := 0; row < sketchDepth; row++ {
 			var c filterCell
