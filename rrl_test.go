@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -626,5 +627,59 @@ func TestDebitResponseSkipsRequestAccount(t *testing.T) {
 	}
 	if act, ipr, _ := r.DebitAddrPort(src, true, tuple); act != Drop || ipr != IPRateLimit {
 		t.Fatalf("second DebitAddrPort: %v %v, want Drop IPRateLimit", act, ipr)
+	}
+}
+
+// TestStatsExactAcrossProcessors counts Debit calls from more Ps than the RRL made
+// statistics stripes for (GOMAXPROCS raised after New, so some calls count in the
+// spill stripe), while another goroutine keeps taking and zeroing the statistics:
+// the snapshots together must account for every call exactly once.
+func TestStatsExactAcrossProcessors(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	r, _ := newTestRRL(t, "responses-per-second", "5")
+	runtime.GOMAXPROCS(runtime.NumCPU() + 3)
+	if len(r.stripes.perP) >= runtime.GOMAXPROCS(0) {
+		t.Fatalf("%d stripes for %d Ps: the spill stripe is not exercised", len(r.stripes.perP), runtime.GOMAXPROCS(0))
+	}
+	const workers, calls = 8, 3000
+	var total Stats
+	done := make(chan struct{})
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+				st := r.GetStats(true)
+				total.Add(&st)
+				runtime.Gosched()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			src := &net.UDPAddr{IP: net.IPv4(10, 1, byte(w), 1)}
+			for range calls {
+				r.Debit(src, &www)
+			}
+		})
+	}
+	wg.Wait()
+	close(done)
+	<-collected
+	st := r.GetStats(true)
+	total.Add(&st)
+	var actions int64
+	for _, v := range total.Actions {
+		actions += v
+	}
+	if actions != workers*calls || total.RPS[AllowanceAnswer] != workers*calls || total.RTReasons[RTOk]+total.RTReasons[RTRateLimit] != workers*calls {
+		t.Errorf("counted %d actions, %d answers, %v RT reasons; want %d each", actions, total.RPS[AllowanceAnswer], total.RTReasons, workers*calls)
+	}
+	if total.Actions[Send] != workers*5 {
+		t.Errorf("%d sent, want %d (5 per client network in its first second)", total.Actions[Send], workers*5)
 	}
 }
