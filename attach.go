@@ -1,3 +1,5 @@
+//go:build linux
+
 package rrl
 
 import (
@@ -13,32 +15,6 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 )
-
-// FilterMode says which layer of protection a Filter installed on its sockets.
-type FilterMode int
-
-const (
-	// ModeNone: nothing is attached (a closed Filter).
-	ModeNone FilterMode = iota
-	// ModeClassic: only the stateless classic-BPF prefilter is attached (eBPF could not
-	// be loaded). Combine it with a Limiter in Go: call Limiter.Allow after reading each
-	// packet and discard the packets it refuses.
-	ModeClassic
-	// ModeEBPF: the eBPF filter with the request limiter is attached.
-	ModeEBPF
-)
-
-func (m FilterMode) String() string {
-	switch m {
-	case ModeNone:
-		return "none"
-	case ModeClassic:
-		return "classic"
-	case ModeEBPF:
-		return "ebpf"
-	}
-	return fmt.Sprintf("FilterMode(%d)", int(m))
-}
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.

@@ -5,10 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"golang.org/x/net/bpf"
-	"golang.org/x/sys/unix"
 )
 
 // The classic-BPF prefilter: a stateless socket filter that drops, in the kernel,
@@ -227,45 +225,4 @@ func formatPorts(ports []uint16) string {
 		s[i] = strconv.Itoa(int(p))
 	}
 	return strings.Join(s, ",")
-}
-
-// attachClassic attaches the prefilter for cfg to conn, a UDP socket, replacing any
-// socket filter it had (classic or eBPF). No privilege is needed. Datagrams queued
-// before the call are not filtered: attach before the server starts reading.
-func attachClassic(conn syscall.Conn, cfg *Config) error {
-	prog, err := classicProgram(cfg)
-	if err != nil {
-		return err
-	}
-	return attachRawFilter(conn, prog, "attach classic filter")
-}
-
-// attachRawFilter attaches the classic program prog to conn, a UDP socket, with
-// SO_ATTACH_FILTER; op names the operation in errors.
-func attachRawFilter(conn syscall.Conn, prog []bpf.RawInstruction, op string) error {
-	if len(prog) == 0 || len(prog) > maxClassicInsns {
-		return fmt.Errorf("%s: program of %d instructions", op, len(prog))
-	}
-	filter := make([]unix.SockFilter, len(prog))
-	for i, ins := range prog {
-		filter[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
-	}
-	fprog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
-	return control(conn, func(fd int) error {
-		if err := checkUDPSocket(fd); err != nil {
-			return fmt.Errorf("%s: %w", op, err)
-		}
-		err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fprog)
-		return sockoptError(op, err)
-	})
-}
-
-// detachFilter removes conn's socket filter, classic or eBPF (SO_DETACH_FILTER and
-// SO_DETACH_BPF are the same option). A socket without a filter gives an error
-// matching unix.ENOENT.
-func detachFilter(conn syscall.Conn) error {
-	return control(conn, func(fd int) error {
-		err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DETACH_FILTER, 0)
-		return sockoptError("detach filter", err)
-	})
 }

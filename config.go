@@ -462,3 +462,65 @@ func parsePorts(s string) ([]uint16, error) {
 	slices.Sort(out)
 	return out, nil
 }
+
+// Values returns c as keyword and value pairs: SetValue applied to NewConfig() with
+// them, in order, gives a Config equal to c. Tools print it, and the pinned filter
+// stores it as text.
+func (c *Config) Values() [][2]string { return configPairs(c) }
+
+// configPairs returns keyword, value pairs that, applied with SetValue to NewConfig()
+// in order, give a Config equal to c (but for its clock). Prefix lengths come before
+// the request levels, which are checked against them: with the default levels
+// (two), a prefix length can always be set.
+func configPairs(c *Config) [][2]string {
+	num := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	levels := func(ls []RequestLevel) string {
+		s := make([]string, len(ls))
+		for i, l := range ls {
+			s[i] = strconv.Itoa(l.PrefixLen) + ":" + num(l.Factor)
+		}
+		return strings.Join(s, " ")
+	}
+	out := [][2]string{
+		{"window", strconv.FormatInt(c.window, 10)},
+		{"ipv4-prefix-length", strconv.Itoa(c.ipv4PrefixLength)},
+		{"ipv6-prefix-length", strconv.Itoa(c.ipv6PrefixLength)},
+		{"responses-per-second", num(c.responsesPerSecond)},
+	}
+	for _, o := range []struct {
+		kw  string
+		v   float64
+		set bool
+	}{
+		{"nodata-per-second", c.nodataPerSecond, c.nodataSet},
+		{"nxdomains-per-second", c.nxdomainsPerSecond, c.nxdomainsSet},
+		{"referrals-per-second", c.referralsPerSecond, c.referralsSet},
+		{"errors-per-second", c.errorsPerSecond, c.errorsSet},
+	} {
+		if o.set {
+			out = append(out, [2]string{o.kw, num(o.v)})
+		}
+	}
+	exempt := make([]string, len(c.exempt))
+	for i, p := range c.exempt {
+		exempt[i] = p.String()
+	}
+	ports := make([]string, len(c.reflectionPorts))
+	for i, p := range c.reflectionPorts {
+		ports[i] = strconv.Itoa(int(p))
+	}
+	return append(out, [][2]string{
+		{"requests-per-second", num(c.requestsPerSecond)},
+		{"slip-ratio", strconv.Itoa(c.slipRatio)},
+		{"max-table-size", strconv.Itoa(c.maxTableSize)},
+		{"report-only", strconv.FormatBool(c.reportOnly)},
+		{"exempt-clients", strings.Join(exempt, " ")},
+		{"all-per-second", num(c.allPerSecond)},
+		{"qps-scale", num(c.qpsScale)},
+		{"ipv4-request-levels", levels(c.ipv4Levels)},
+		{"ipv6-request-levels", levels(c.ipv6Levels)},
+		{"source-port-factor", num(c.sourcePortFactor)},
+		{"total-requests-per-second", num(c.totalRequests)},
+		{"reflection-ports", strings.Join(ports, " ")},
+	}...)
+}

@@ -8,6 +8,10 @@
 // drop-in for github.com/markdingo/rrl: a program written against it builds against
 // this package by changing its import path.
 //
+// The kernel filter needs Linux. The package builds on every platform: elsewhere
+// [Attach] and the other calls of the kernel filter return an error matching
+// [ErrNotSupported], and RRL, [Limiter] and [Handler] work as on Linux.
+//
 // # Response rate limiting
 //
 // Create a [Config] with [NewConfig], set BIND's rate-limit keywords on it with

@@ -1,3 +1,5 @@
+//go:build linux
+
 package rrl
 
 import (
@@ -7,30 +9,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
-)
-
-// Errors a caller of Attach can branch on with errors.Is. An error returned for a
-// refused system call matches both the sentinel and the errno the kernel returned:
-// errors.Is(err, ErrNotPermitted) and errors.Is(err, unix.EPERM) both hold for a
-// refused program load.
-var (
-	// ErrNotPermitted: the kernel refused an operation for lack of privilege (EPERM or
-	// EACCES), typically loading the eBPF program or creating its maps; the message
-	// says how to grant the privilege. Also returned when the socket's filter is locked
-	// (SO_LOCK_FILTER).
-	ErrNotPermitted = errors.New("operation not permitted")
-
-	// ErrNotSupported: the kernel lacks a feature the filter needs (too old, or built
-	// without it).
-	ErrNotSupported = errors.New("not supported by the kernel")
-
-	// ErrOptMem: the kernel refused to attach a filter to a socket because the
-	// socket's option memory, bounded by the sysctl net.core.optmem_max, is too small
-	// (ENOMEM from SO_ATTACH_FILTER or SO_ATTACH_BPF).
-	ErrOptMem = errors.New("socket option memory exhausted")
-
-	// ErrClosed: the Filter has been closed.
-	ErrClosed = errors.New("filter closed")
 )
 
 // enotsupp is the kernel-internal ENOTSUPP (524), which the bpf system call returns

@@ -1,39 +1,10 @@
+//go:build linux
+
 package rrl
 
 import (
 	"fmt"
 )
-
-// FilterStats are the kernel filter's counters, summed over CPUs, since it was
-// loaded. Every packet the filter sees counts in Seen and then in Passed or in one
-// reason counter (DroppedShort, DroppedResponse, DroppedReflection, or a node's
-// Limited). In report-only mode a packet counted under a reason is also counted in
-// ReportOnly and Passed, since nothing is withheld.
-type FilterStats struct {
-	Mode              FilterMode
-	Seen              uint64 // packets judged
-	Passed            uint64 // packets delivered to the socket
-	NotDNS            uint64 // not UDP, or later IP fragments: passed unjudged
-	DroppedShort      uint64 // shorter than a DNS header and a minimal question
-	DroppedResponse   uint64 // QR bit set: responses reflected at the server
-	DroppedReflection uint64 // from a reflection-ports source port
-	Exempt            uint64 // from exempt-clients: passed, not counted in the sketches
-	ReportOnly        uint64 // limited, but passed because of report-only
-	Errors            uint64 // internal failures (passed)
-	Nodes             []NodeStats
-}
-
-// NodeStats are the counters of one source group level of the request limiter.
-type NodeStats struct {
-	Node    string  // "ipv4/24", "ipv6/56", "port" (one source port), "total"
-	Limit   float64 // packets per second per group
-	Limited uint64  // packets this level refused (dropped unless report-only)
-}
-
-// Dropped is the number of packets the filter withheld, for every reason.
-func (s FilterStats) Dropped() uint64 {
-	return s.Seen - s.Passed
-}
 
 // Stats returns the filter's counters. In ModeClassic the classic prefilter keeps no
 // counters and only Mode is set.

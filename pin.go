@@ -1,3 +1,5 @@
+//go:build linux
+
 package rrl
 
 // Pinned filters: a privileged step loads the filter once and pins its program and
@@ -45,14 +47,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
-)
-
-var (
-	// ErrLayoutMismatch: the pinned objects were made by a version of this package
-	// whose map layout differs from this one's; unload and load them again.
-	ErrLayoutMismatch = errors.New("pinned filter layout differs from this library's")
-	// ErrNotMounted: the pin directory is not on a BPF filesystem (bpffs).
-	ErrNotMounted = errors.New("not on a BPF filesystem (mount -t bpf bpf /sys/fs/bpf)")
 )
 
 // Names of the pins in a pin directory.
@@ -453,63 +447,6 @@ func readConfigMap(m *ebpf.Map) (flags uint32, text string, err error) {
 	return binary.LittleEndian.Uint32(v[4:]), string(v[configHeader : configHeader+n]), nil
 }
 
-// configPairs returns keyword, value pairs that, applied with SetValue to NewConfig()
-// in order, give a Config equal to c (but for its clock). Prefix lengths come before
-// the request levels, which are checked against them: with the default levels
-// (two), a prefix length can always be set.
-func configPairs(c *Config) [][2]string {
-	num := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-	levels := func(ls []RequestLevel) string {
-		s := make([]string, len(ls))
-		for i, l := range ls {
-			s[i] = strconv.Itoa(l.PrefixLen) + ":" + num(l.Factor)
-		}
-		return strings.Join(s, " ")
-	}
-	out := [][2]string{
-		{"window", strconv.FormatInt(c.window, 10)},
-		{"ipv4-prefix-length", strconv.Itoa(c.ipv4PrefixLength)},
-		{"ipv6-prefix-length", strconv.Itoa(c.ipv6PrefixLength)},
-		{"responses-per-second", num(c.responsesPerSecond)},
-	}
-	for _, o := range []struct {
-		kw  string
-		v   float64
-		set bool
-	}{
-		{"nodata-per-second", c.nodataPerSecond, c.nodataSet},
-		{"nxdomains-per-second", c.nxdomainsPerSecond, c.nxdomainsSet},
-		{"referrals-per-second", c.referralsPerSecond, c.referralsSet},
-		{"errors-per-second", c.errorsPerSecond, c.errorsSet},
-	} {
-		if o.set {
-			out = append(out, [2]string{o.kw, num(o.v)})
-		}
-	}
-	exempt := make([]string, len(c.exempt))
-	for i, p := range c.exempt {
-		exempt[i] = p.String()
-	}
-	ports := make([]string, len(c.reflectionPorts))
-	for i, p := range c.reflectionPorts {
-		ports[i] = strconv.Itoa(int(p))
-	}
-	return append(out, [][2]string{
-		{"requests-per-second", num(c.requestsPerSecond)},
-		{"slip-ratio", strconv.Itoa(c.slipRatio)},
-		{"max-table-size", strconv.Itoa(c.maxTableSize)},
-		{"report-only", strconv.FormatBool(c.reportOnly)},
-		{"exempt-clients", strings.Join(exempt, " ")},
-		{"all-per-second", num(c.allPerSecond)},
-		{"qps-scale", num(c.qpsScale)},
-		{"ipv4-request-levels", levels(c.ipv4Levels)},
-		{"ipv6-request-levels", levels(c.ipv6Levels)},
-		{"source-port-factor", num(c.sourcePortFactor)},
-		{"total-requests-per-second", num(c.totalRequests)},
-		{"reflection-ports", strings.Join(ports, " ")},
-	}...)
-}
-
 // configText is cfg as keyword=value lines.
 func configText(cfg *Config) string {
 	var b strings.Builder
@@ -610,24 +547,6 @@ func parseKernelRelease(rel string) (major, minor int, ok bool) {
 // back into addresses. What can be read is how heavy the heaviest cells of each
 // level are (an upper bound on the heaviest group there), and, for a source one
 // names, the estimate the filter is applying to each of its groups.
-
-// SketchCell is one cell of a request-limiter sketch and its current rate estimate.
-type SketchCell struct {
-	Node   string  `json:"node"`   // the level, as in NodeStats ("ipv4/24", "port", ...)
-	Row    int     `json:"row"`    // sketch row (every group counts once in each row)
-	Column int     `json:"column"` // column within the row
-	Rate   float64 `json:"rate"`   // packets per second of all groups hashing here, decayed to now
-	Limit  float64 `json:"limit"`  // the level's limit per group
-}
-
-// GroupRate is the filter's current rate estimate for one source group.
-type GroupRate struct {
-	Node  string       `json:"node"`           // the level
-	Group netip.Prefix `json:"group"`          // the source masked to the level (0.0.0.0/0 for port and total)
-	Port  uint16       `json:"port,omitempty"` // the source port, for the port level
-	Rate  float64      `json:"rate"`           // packets per second: the smaller of the group's cells, an upper bound
-	Limit float64      `json:"limit"`          // the level's limit per group
-}
 
 // HeavyCells returns, for every active level, its n heaviest cells in each sketch
 // row, heaviest first within each level; levels in lattice order. The heaviest group
@@ -782,8 +701,3 @@ func (f *Filter) readSettings() (*filterSettings, uint64, error) {
 	}
 	return &s, uint64(ts.Nano()), nil
 }
-
-// Values returns c as keyword and value pairs: SetValue applied to NewConfig() with
-// them, in order, gives a Config equal to c. Tools print it, and the pinned filter
-// stores it as text.
-func (c *Config) Values() [][2]string { return configPairs(c) }

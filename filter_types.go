@@ -1,0 +1,116 @@
+package rrl
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// The kernel filter's types and errors, on every platform. The filter itself needs
+// Linux (filter_other.go stands in for it elsewhere); the response rate limiter, the
+// Go request limiter and the DNS handler work anywhere.
+
+// Errors a caller of Attach can branch on with errors.Is. An error returned for a
+// refused system call matches both the sentinel and the errno the kernel returned:
+// errors.Is(err, ErrNotPermitted) and errors.Is(err, syscall.EPERM) both hold for a
+// refused program load.
+var (
+	// ErrNotPermitted: the kernel refused an operation for lack of privilege (EPERM or
+	// EACCES), typically loading the eBPF program or creating its maps; the message
+	// says how to grant the privilege. Also returned when the socket's filter is locked
+	// (SO_LOCK_FILTER).
+	ErrNotPermitted = errors.New("operation not permitted")
+
+	// ErrNotSupported: the kernel lacks a feature the filter needs (too old, or built
+	// without it).
+	ErrNotSupported = errors.New("not supported by the kernel")
+
+	// ErrOptMem: the kernel refused to attach a filter to a socket because the
+	// socket's option memory, bounded by the sysctl net.core.optmem_max, is too small
+	// (ENOMEM from SO_ATTACH_FILTER or SO_ATTACH_BPF).
+	ErrOptMem = errors.New("socket option memory exhausted")
+
+	// ErrClosed: the Filter has been closed.
+	ErrClosed = errors.New("filter closed")
+
+	// ErrLayoutMismatch: the pinned objects were made by a version of this package
+	// whose map layout differs from this one's; unload and load them again.
+	ErrLayoutMismatch = errors.New("pinned filter layout differs from this library's")
+	// ErrNotMounted: the pin directory is not on a BPF filesystem (bpffs).
+	ErrNotMounted = errors.New("not on a BPF filesystem (mount -t bpf bpf /sys/fs/bpf)")
+)
+
+// FilterMode says which layer of protection a Filter installed on its sockets.
+type FilterMode int
+
+const (
+	// ModeNone: nothing is attached (a closed Filter).
+	ModeNone FilterMode = iota
+	// ModeClassic: only the stateless classic-BPF prefilter is attached (eBPF could not
+	// be loaded). Combine it with a Limiter in Go: call Limiter.Allow after reading each
+	// packet and discard the packets it refuses.
+	ModeClassic
+	// ModeEBPF: the eBPF filter with the request limiter is attached.
+	ModeEBPF
+)
+
+func (m FilterMode) String() string {
+	switch m {
+	case ModeNone:
+		return "none"
+	case ModeClassic:
+		return "classic"
+	case ModeEBPF:
+		return "ebpf"
+	}
+	return fmt.Sprintf("FilterMode(%d)", int(m))
+}
+
+// FilterStats are the kernel filter's counters, summed over CPUs, since it was
+// loaded. Every packet the filter sees counts in Seen and then in Passed or in one
+// reason counter (DroppedShort, DroppedResponse, DroppedReflection, or a node's
+// Limited). In report-only mode a packet counted under a reason is also counted in
+// ReportOnly and Passed, since nothing is withheld.
+type FilterStats struct {
+	Mode              FilterMode
+	Seen              uint64 // packets judged
+	Passed            uint64 // packets delivered to the socket
+	NotDNS            uint64 // not UDP, or later IP fragments: passed unjudged
+	DroppedShort      uint64 // shorter than a DNS header and a minimal question
+	DroppedResponse   uint64 // QR bit set: responses reflected at the server
+	DroppedReflection uint64 // from a reflection-ports source port
+	Exempt            uint64 // from exempt-clients: passed, not counted in the sketches
+	ReportOnly        uint64 // limited, but passed because of report-only
+	Errors            uint64 // internal failures (passed)
+	Nodes             []NodeStats
+}
+
+// NodeStats are the counters of one source group level of the request limiter.
+type NodeStats struct {
+	Node    string  // "ipv4/24", "ipv6/56", "port" (one source port), "total"
+	Limit   float64 // packets per second per group
+	Limited uint64  // packets this level refused (dropped unless report-only)
+}
+
+// Dropped is the number of packets the filter withheld, for every reason.
+func (s FilterStats) Dropped() uint64 {
+	return s.Seen - s.Passed
+}
+
+// SketchCell is one cell of a request-limiter sketch and its current rate estimate.
+type SketchCell struct {
+	Node   string  `json:"node"`   // the level, as in NodeStats ("ipv4/24", "port", ...)
+	Row    int     `json:"row"`    // sketch row (every group counts once in each row)
+	Column int     `json:"column"` // column within the row
+	Rate   float64 `json:"rate"`   // packets per second of all groups hashing here, decayed to now
+	Limit  float64 `json:"limit"`  // the level's limit per group
+}
+
+// GroupRate is the filter's current rate estimate for one source group.
+type GroupRate struct {
+	Node  string       `json:"node"`           // the level
+	Group netip.Prefix `json:"group"`          // the source masked to the level (0.0.0.0/0 for port and total)
+	Port  uint16       `json:"port,omitempty"` // the source port, for the port level
+	Rate  float64      `json:"rate"`           // packets per second: the smaller of the group's cells, an upper bound
+	Limit float64      `json:"limit"`          // the level's limit per group
+}
