@@ -251,20 +251,16 @@ func applyClassic(conn syscall.Conn, cfg *Config) error {
 	return attachClassic(conn, cfg)
 }
 
-// latticeOf returns every node's limit and prefix length under cfg: the table the
-// kernel reads from its settings map, taken from the Go Limiter's own parameters so
-// that the two cannot disagree.
-func latticeOf(cfg *Config) (limits [numNodes]Fixed, prefixes [numNodes]uint8) {
+// latticeOf returns the Go Limiter's parameters for cfg: the kernel reads every
+// node's limit, trip count and prefix length from its settings map, taken from them
+// so that the two cannot disagree. SetValue only makes valid Configs; an invalid
+// one limits nothing (every limit 0).
+func latticeOf(cfg *Config) *limiterParams {
 	p, err := newLimiterParams(cfg)
 	if err != nil {
-		// SetValue only makes valid Configs; an invalid one limits nothing.
-		return limits, prefixes
+		return &limiterParams{}
 	}
-	for n := range limits {
-		limits[n] = p.limit[n]
-		prefixes[n] = uint8(p.prefix[n])
-	}
-	return limits, prefixes
+	return p
 }
 
 // kernelSettings builds the settings map value for cfg.
@@ -273,11 +269,11 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 	if cfg.reportOnly {
 		s.ReportOnly = 1
 	}
-	limits, prefixes := latticeOf(cfg)
-	for i := range limits {
-		s.Limit[i] = uint64(limits[i])
-		s.Trip[i] = uint64(tripCount(limits[i]))
-		s.Prefix[i] = prefixes[i]
+	lat := latticeOf(cfg)
+	for n := range lat.limit {
+		s.Limit[n] = uint64(lat.limit[n])
+		s.Trip[n] = uint64(lat.trip[n])
+		s.Prefix[n] = uint8(lat.prefix[n])
 	}
 	for _, p := range cfg.exempt {
 		if p.Addr().Is4() {

@@ -102,8 +102,9 @@ func arrivalRate(count Fixed) Fixed {
 
 // tripCount returns the smallest count whose arrivalRate reaches limit (the
 // largest Fixed if none does). Below it a packet passes whatever its draw, since
-// the draw is a fraction below 1: the kernel program compares with it first and
-// takes a random number only at or above it, with the same verdicts.
+// the draw is a fraction below 1: the Limiter and the kernel program compare with
+// it first and multiply (the kernel program: take a random number) only at or
+// above it, with the same verdicts.
 func tripCount(limit Fixed) Fixed {
 	lo, hi := Fixed(0), ^Fixed(0) // arrivalRate(hi) >= limit, or hi is the largest
 	for lo < hi {

@@ -94,6 +94,7 @@ type Limiter struct {
 // limiterParams is everything a Config sets, swapped atomically by Update.
 type limiterParams struct {
 	limit      [numNodes]Fixed
+	trip       [numNodes]Fixed // tripCount(limit): below it every draw passes
 	prefix     [numNodes]int
 	name       [numNodes]LimiterNode
 	levels     [2]int // active level nodes of IPv4 (nodes 0..levels[0]-1) and IPv6
@@ -255,6 +256,9 @@ func newLimiterParams(cfg *Config) (*limiterParams, error) {
 	p.name[nodePort] = NodePort
 	p.limit[nodeTotal] = FixedFromFloat(cfg.totalRequests)
 	p.name[nodeTotal] = NodeTotal
+	for n, limit := range p.limit {
+		p.trip[n] = tripCount(limit)
+	}
 	return p, nil
 }
 
@@ -360,7 +364,7 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 	for j := range k {
 		n := ns[j]
 		c := l.sketch[n].arrive(hs[j], t)
-		if decider < 0 && u.Mul(arrivalRate(c)) >= p.limit[n] {
+		if decider < 0 && c >= p.trip[n] && u.Mul(arrivalRate(c)) >= p.limit[n] {
 			decider = int(n)
 		}
 	}
