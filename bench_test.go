@@ -54,6 +54,17 @@ func udpAddrs(n int) []*net.UDPAddr {
 	return out
 }
 
+// accounts100k returns an RRL (max-table-size 200000) holding an account for each
+// of the 100,000 sources it returns, each in its own /24.
+func accounts100k(b *testing.B) (*RRL, []*net.UDPAddr) {
+	r := benchRRL(b, "responses-per-second", "10", "max-table-size", "200000")
+	srcs := udpAddrs(100_000)
+	for _, s := range srcs {
+		r.Debit(s, benchTuple)
+	}
+	return r, srcs
+}
+
 var benchTuple = &ResponseTuple{Class: 1, Type: 1, AllowanceCategory: AllowanceAnswer, SalientName: "www.example.test."}
 
 // setIP writes a distinct IPv4 /24 for n into ip (4 bytes).
@@ -71,11 +82,7 @@ func BenchmarkDebit(b *testing.B) {
 		reportCPU(b, start, 1)
 	})
 	b.Run("100k-accounts", func(b *testing.B) {
-		r := benchRRL(b, "responses-per-second", "10", "max-table-size", "200000")
-		srcs := udpAddrs(100_000)
-		for _, s := range srcs {
-			r.Debit(s, benchTuple)
-		}
+		r, srcs := accounts100k(b)
 		b.ReportAllocs()
 		i := 0
 		start := cpuTime()
@@ -142,11 +149,7 @@ func BenchmarkDebit(b *testing.B) {
 		b.ReportMetric(float64(st.CacheLength), "accounts")
 	})
 	b.Run("parallel-100k-accounts", func(b *testing.B) {
-		r := benchRRL(b, "responses-per-second", "10", "max-table-size", "200000")
-		srcs := udpAddrs(100_000)
-		for _, s := range srcs {
-			r.Debit(s, benchTuple)
-		}
+		r, srcs := accounts100k(b)
 		var offset atomic.Uint32
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -166,11 +169,7 @@ func BenchmarkDebit(b *testing.B) {
 		// As parallel-100k-accounts, but each goroutine serves its own share of
 		// the clients, as cores do when each reads its own socket and a client
 		// keeps to one of them: what is shared is the table, not the accounts.
-		r := benchRRL(b, "responses-per-second", "10", "max-table-size", "200000")
-		srcs := udpAddrs(100_000)
-		for _, s := range srcs {
-			r.Debit(s, benchTuple)
-		}
+		r, srcs := accounts100k(b)
 		procs := runtime.GOMAXPROCS(0)
 		var next atomic.Int32
 		b.ReportAllocs()

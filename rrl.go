@@ -357,7 +357,9 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	scale := FixedOne
 	if r.qpsScale != 0 {
 		sec := int64(now.Int())
-		r.stripes.with(func(st *stripe) { st.countQuery(sec) })
+		st := r.stripes.own()
+		st.countQuery(sec)
+		r.stripes.done(st)
 		scale = r.rateScale(sec)
 	}
 
@@ -420,13 +422,9 @@ func (r *RRL) clock(now Fixed) Fixed {
 
 // count records a Debit call's outcome in the caller's stripe.
 func (r *RRL) count(cat AllowanceCategory, act, would Action, ipr IPReason, rtr RTReason) {
-	if pid := procPin(); pid < len(r.stripes.perP) {
-		r.stripes.perP[pid].c.count(cat, act, would, ipr, rtr, r.report)
-		procUnpin()
-		return
-	}
-	procUnpin()
-	r.stripes.with(func(st *stripe) { st.c.count(cat, act, would, ipr, rtr, r.report) })
+	st := r.stripes.own()
+	st.c.count(cat, act, would, ipr, rtr, r.report)
+	r.stripes.done(st)
 }
 
 // scaled returns cost scaled for qps-scale, within maxCost.
@@ -442,11 +440,11 @@ func (r *RRL) scaled(cost, scale Fixed) Fixed {
 // above qps-scale. One caller per second sums the stripes' counts, without locks.
 func (r *RRL) rateScale(sec int64) Fixed {
 	if old := r.scaleSec.Load(); old != sec && r.scaleSec.CompareAndSwap(old, sec) {
-		var total int64
+		var total uint64
 		r.stripes.all(func(st *stripe) { total += st.queriesIn(sec - 1) })
 		f := FixedOne
-		if total > 0 && uint64(total) > r.qpsScale {
-			f = FixedFromRatio(min(uint64(total), 1<<31), r.qpsScale)
+		if total > r.qpsScale {
+			f = FixedFromRatio(min(total, 1<<31), r.qpsScale)
 		}
 		r.scale.Store(uint64(f))
 		return f
@@ -535,7 +533,7 @@ func (r *RRL) GetStats(zeroAfter bool) Stats {
 	r.statsMu.Lock()
 	defer r.statsMu.Unlock()
 	total := st
-	st.subtract(&r.statsBase)
+	st.addCounts(&r.statsBase, -1)
 	if zeroAfter {
 		r.statsBase = total
 	}

@@ -47,54 +47,37 @@ func (c *counters) count(cat AllowanceCategory, act, would Action, ipr IPReason,
 	}
 }
 
+// groups returns c's per-constant counter arrays, in the order of Stats.groups.
+func (c *counters) groups() [5][]ownedWord {
+	return [5][]ownedWord{c.rps[:], c.actions[:], c.ipReasons[:], c.rtReasons[:], c.reportOnly[:]}
+}
+
 // addTo adds c into st.
 func (c *counters) addTo(st *Stats) {
-	load := func(to []int64, from []ownedWord) {
+	to := st.groups()
+	for g, from := range c.groups() {
 		for i := range from {
-			to[i] += int64(from[i].load())
+			to[g][i] += int64(from[i].load())
 		}
 	}
-	load(st.RPS[:], c.rps[:])
-	load(st.Actions[:], c.actions[:])
-	load(st.IPReasons[:], c.ipReasons[:])
-	load(st.RTReasons[:], c.rtReasons[:])
-	load(st.ReportOnly[:], c.reportOnly[:])
 }
 
-// subtract takes the counts of base from s (CacheLength stays).
-func (s *Stats) subtract(base *Stats) {
-	sub := func(to, from []int64) {
-		for i := range from {
-			to[i] -= from[i]
+// groups returns s's per-constant count arrays (RPS, Actions, IPReasons, RTReasons,
+// ReportOnly): what Add, GetStats and the per-P counters go through together.
+func (s *Stats) groups() [5][]int64 {
+	return [5][]int64{s.RPS[:], s.Actions[:], s.IPReasons[:], s.RTReasons[:], s.ReportOnly[:]}
+}
+
+// addCounts adds k times the counts of from (every array and Evictions, not
+// CacheLength) to s: Add with k 1, GetStats's baseline with k -1.
+func (s *Stats) addCounts(from *Stats, k int64) {
+	to := s.groups()
+	for g, f := range from.groups() {
+		for i := range f {
+			to[g][i] += k * f[i]
 		}
 	}
-	sub(s.RPS[:], base.RPS[:])
-	sub(s.Actions[:], base.Actions[:])
-	sub(s.IPReasons[:], base.IPReasons[:])
-	sub(s.RTReasons[:], base.RTReasons[:])
-	sub(s.ReportOnly[:], base.ReportOnly[:])
-	s.Evictions -= base.Evictions
-}
-
-// addCounts adds per-constant counts into s's arrays of the same shape: the one
-// loop behind Add.
-func (s *Stats) addCounts(rps *[AllowanceLast]int64, actions *[ActionLast]int64,
-	ipReasons *[IPLast]int64, rtReasons *[RTLast]int64, reportOnly *[ActionLast]int64) {
-	for i, v := range rps {
-		s.RPS[i] += v
-	}
-	for i, v := range actions {
-		s.Actions[i] += v
-	}
-	for i, v := range ipReasons {
-		s.IPReasons[i] += v
-	}
-	for i, v := range rtReasons {
-		s.RTReasons[i] += v
-	}
-	for i, v := range reportOnly {
-		s.ReportOnly[i] += v
-	}
+	s.Evictions += k * from.Evictions
 }
 
 // Copy returns a copy of s and, when zeroAfter is true, zeroes s.
@@ -109,9 +92,8 @@ func (s *Stats) Copy(zeroAfter bool) Stats {
 // Add adds the counts of from into s. CacheLength is a level, not a count: s takes
 // from's value.
 func (s *Stats) Add(from *Stats) {
-	s.addCounts(&from.RPS, &from.Actions, &from.IPReasons, &from.RTReasons, &from.ReportOnly)
+	s.addCounts(from, 1)
 	s.CacheLength = from.CacheLength
-	s.Evictions += from.Evictions
 }
 
 // String returns the counts on one line, each group's values separated by slashes

@@ -50,18 +50,25 @@ func (ss *stripes) init() {
 	ss.perP = make([]stripe, max(runtime.GOMAXPROCS(0), runtime.NumCPU()))
 }
 
-// with calls f with the calling goroutine's stripe, which f alone writes.
-// f must be short and must not block.
-func (ss *stripes) with(f func(*stripe)) {
+// own returns the calling goroutine's stripe, which it alone writes until it
+// hands the stripe back with done: its P's stripe, the goroutine pinned to the P,
+// or the spill stripe, locked. The caller must not block in between.
+func (ss *stripes) own() *stripe {
 	if pid := procPin(); pid < len(ss.perP) {
-		f(&ss.perP[pid])
-		procUnpin()
-		return
+		return &ss.perP[pid]
 	}
 	procUnpin()
 	ss.spillMu.Lock()
-	f(&ss.spill)
-	ss.spillMu.Unlock()
+	return &ss.spill
+}
+
+// done hands back a stripe returned by own.
+func (ss *stripes) done(st *stripe) {
+	if st == &ss.spill {
+		ss.spillMu.Unlock()
+		return
+	}
+	procUnpin()
 }
 
 // all calls f with every stripe, for reading.
@@ -94,12 +101,12 @@ func (st *stripe) countQuery(sec int64) {
 }
 
 // queriesIn returns the stripe's query count of second sec, as far as it knows it.
-func (st *stripe) queriesIn(sec int64) int64 {
+func (st *stripe) queriesIn(sec int64) uint64 {
 	switch st.qsec.Load() {
 	case sec:
-		return int64(st.qcur.load())
+		return st.qcur.load()
 	case sec + 1:
-		return int64(st.qprev.load())
+		return st.qprev.load()
 	}
 	return 0
 }

@@ -121,10 +121,35 @@ func lockEntry(e *entry) uint64 {
 }
 
 // release stores the account's new zero time and tag (whose lock bit it clears),
-// unlocking e.
+// unlocking e. It also publishes the copy of a moved entry.
 func (e *entry) release(tag uint64, zero Fixed) {
 	e.zero.store(uint64(zero))
 	e.tag.Store(tag &^ lockBit)
+}
+
+// claim gives e, empty or locked by the caller, to a new account key, locked and
+// zeroed.
+func (e *entry) claim(key uint64) {
+	e.zero.store(0)
+	e.tag.Store(key | lockBit)
+}
+
+// probe looks for key in slots along its probe sequence and returns the slot
+// holding it (found true, with its tag) or the first empty slot.
+func probe(slots []entry, key uint64) (i int, tag uint64, found bool) {
+	n := len(slots)
+	for i = home(key, n); ; {
+		t := slots[i].tag.Load()
+		if t == 0 {
+			return i, 0, false
+		}
+		if t&keyMask == key {
+			return i, t, true
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
 }
 
 // acquire returns key's entry locked, with its tag (lock bit set), inserting a new
@@ -132,22 +157,9 @@ func (e *entry) release(tag uint64, zero Fixed) {
 // is full. The caller must release it before acquiring another entry.
 func (s *shard) acquire(key uint64) (e *entry, tag uint64, fresh bool) {
 	// The common case: the account exists and nobody holds it.
-	slots := s.table.Load().slots
-	if n := len(slots); n > 0 {
-		for i := home(key, n); ; {
-			t := slots[i].tag.Load()
-			if t == 0 {
-				break
-			}
-			if t&keyMask == key {
-				if t&lockBit == 0 && slots[i].tag.CompareAndSwap(t, t|lockBit) {
-					return &slots[i], t | lockBit, false
-				}
-				break
-			}
-			if i++; i == n {
-				i = 0
-			}
+	if slots := s.entries(); len(slots) > 0 {
+		if i, t, found := probe(slots, key); found && t&lockBit == 0 && slots[i].tag.CompareAndSwap(t, t|lockBit) {
+			return &slots[i], t | lockBit, false
 		}
 	}
 	s.mu.Lock()
@@ -164,39 +176,26 @@ func (s *shard) lookup(key uint64) (e *entry, tag uint64, fresh bool) {
 		s.setSlots(make([]entry, min(initialSlots, s.maxSlots)))
 	}
 	slots := s.entries()
-	n := len(slots)
-	i := home(key, n)
-	for {
-		t := slots[i].tag.Load()
-		if t == 0 {
-			break
-		}
-		if t&keyMask == key {
-			return &slots[i], lockEntry(&slots[i]), false
-		}
-		if i++; i == n {
-			i = 0
-		}
+	i, _, found := probe(slots, key)
+	if found {
+		return &slots[i], lockEntry(&slots[i]), false
 	}
-	switch {
+	switch n := len(slots); {
 	case s.live >= s.limit:
-		e = s.evict(key, i)
-		return e, key | lockBit, true
+		return s.evict(key, i), key | lockBit, true
 	case (s.live+1)*4 > n*3 && n < s.maxSlots:
 		s.grow()
 		slots = s.entries()
-		i = s.free(key)
+		i = free(slots, key)
 	}
 	e = &slots[i]
-	e.zero.store(0)
-	e.tag.Store(key | lockBit)
+	e.claim(key)
 	s.live++
 	return e, key | lockBit, true
 }
 
-// free returns the first empty slot of key's probe sequence.
-func (s *shard) free(key uint64) int {
-	slots := s.entries()
+// free returns the first empty slot of key's probe sequence in slots.
+func free(slots []entry, key uint64) int {
 	n := len(slots)
 	i := home(key, n)
 	for slots[i].tag.Load() != 0 {
@@ -214,20 +213,12 @@ func (s *shard) free(key uint64) int {
 func (s *shard) grow() {
 	old := s.entries()
 	slots := make([]entry, min(2*len(old), s.maxSlots))
-	n := len(slots)
 	for k := range old {
 		if old[k].tag.Load() == 0 {
 			continue
 		}
 		t := lockEntry(&old[k])
-		i := home(t&keyMask, n)
-		for slots[i].tag.Load() != 0 {
-			if i++; i == n {
-				i = 0
-			}
-		}
-		slots[i].zero.store(old[k].zero.load())
-		slots[i].tag.Store(t &^ lockBit)
+		slots[free(slots, t&keyMask)].release(t, Fixed(old[k].zero.load()))
 	}
 	s.setSlots(slots)
 }
@@ -262,17 +253,15 @@ func (s *shard) evict(key uint64, gap int) *entry {
 	if !victimPastGap { // in key's run: every slot from home to it is full
 		e := &slots[victim]
 		lockEntry(e)
-		e.zero.store(0)
-		e.tag.Store(key | lockBit)
+		e.claim(key)
 		return e
 	}
 	// Beyond the gap. Removing it may shift an entry of key's run back to its
 	// own home across the end of the table, so look for key's first empty slot
 	// again.
 	s.remove(victim)
-	e := &slots[s.free(key)]
-	e.zero.store(0)
-	e.tag.Store(key | lockBit)
+	e := &slots[free(slots, key)]
+	e.claim(key)
 	s.live++
 	return e
 }
@@ -299,8 +288,7 @@ func (s *shard) remove(i int) {
 		// The entry at j may move to i unless its home lies cyclically in (i, j].
 		if (i <= j && (h <= i || h > j)) || (i > j && h <= i && h > j) {
 			t = lockEntry(&slots[j])
-			slots[i].zero.store(slots[j].zero.load())
-			slots[i].tag.Store(t &^ lockBit)
+			slots[i].release(t, Fixed(slots[j].zero.load()))
 			i = j
 		}
 	}
