@@ -7,6 +7,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"net/netip"
 	"sync"
 	"syscall"
@@ -18,7 +20,7 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 3
+const layoutVersion = 4
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -263,6 +265,50 @@ func latticeOf(cfg *Config) *limiterParams {
 	return p
 }
 
+// step is node n's entry in the kernel's settings, without its key masks.
+func (p *limiterParams) step(n int) filterStep {
+	return filterStep{
+		Trip:      uint64(p.trip[n]),
+		Limit:     uint64(p.limit[n]),
+		FirstCell: uint32(n * sketchDepth * sketchWidth),
+		Node:      uint32(n),
+	}
+}
+
+// Each family has room for all its levels plus the port and total nodes.
+var _ [maxRequestLevel + 2]filterStep = filterSettings{}.Step[0]
+
+// steps returns the active steps of a family: 0 IPv6, 1 IPv4.
+func (s *filterSettings) steps(fam int) []filterStep {
+	return s.Step[fam][:min(int(s.Steps[fam]), len(s.Step[fam]))]
+}
+
+// activeNodes returns the step of every node the settings activate, in node order:
+// IPv4 levels, IPv6 levels, port, total.
+func (s *filterSettings) activeNodes() []filterStep {
+	var byNode [numNodes]*filterStep
+	for fam := range s.Step {
+		for i, st := range s.steps(fam) {
+			if int(st.Node) < numNodes {
+				byNode[st.Node] = &s.Step[fam][i]
+			}
+		}
+	}
+	var out []filterStep
+	for _, st := range byNode {
+		if st != nil {
+			out = append(out, *st)
+		}
+	}
+	return out
+}
+
+// prefix is the prefix length of a level step's key (0 for the port and total
+// nodes).
+func (st *filterStep) prefix() uint8 {
+	return uint8(bits.OnesCount64(st.MaskHi) + bits.OnesCount64(st.MaskLo))
+}
+
 // kernelSettings builds the settings map value for cfg.
 func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed)}
@@ -270,10 +316,28 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 		s.ReportOnly = 1
 	}
 	lat := latticeOf(cfg)
-	for n := range lat.limit {
-		s.Limit[n] = uint64(lat.limit[n])
-		s.Trip[n] = uint64(lat.trip[n])
-		s.Prefix[n] = uint8(lat.prefix[n])
+	// The C program indexes steps by "is IPv4": [0] IPv6, [1] IPv4.
+	for fam, first := range [2]int{nodeIPv6First, nodeIPv4First} {
+		var steps []filterStep
+		for i := range min(lat.levels[1-fam], maxRequestLevel) {
+			n := first + i
+			st := lat.step(n)
+			if fam == 1 {
+				st.MaskLo = math.MaxUint32 &^ (math.MaxUint32 >> lat.prefix[n])
+			} else {
+				st.MaskHi, st.MaskLo = maskIPv6(math.MaxUint64, math.MaxUint64, lat.prefix[n])
+			}
+			steps = append(steps, st)
+		}
+		if lat.limit[nodePort] != 0 {
+			st := lat.step(nodePort)
+			st.PortMask = math.MaxUint16
+			steps = append(steps, st)
+		}
+		if lat.limit[nodeTotal] != 0 {
+			steps = append(steps, lat.step(nodeTotal))
+		}
+		s.Steps[fam] = uint32(copy(s.Step[fam][:], steps))
 	}
 	for _, p := range cfg.exempt {
 		if p.Addr().Is4() {

@@ -45,9 +45,18 @@ func crossCheck(t *testing.T, cfg *Config, seed uint64, wantDrops bool) {
 		t.Fatal(err)
 	}
 	settings := kernelSettings(cfg, seed)
-	for n := 0; n < numNodes; n++ {
-		if Fixed(settings.Limit[n]) != model.nodeLimit(n) || int(settings.Prefix[n]) != model.nodePrefix(n) && model.nodeLimit(n) != 0 {
-			t.Fatalf("node %d: kernel limit %d /%d, model %d /%d", n, settings.Limit[n], settings.Prefix[n], model.nodeLimit(n), model.nodePrefix(n))
+	// The settings activate exactly the model's nodes, with its limits and prefixes.
+	var active [numNodes]bool
+	for _, st := range settings.activeNodes() {
+		n := int(st.Node)
+		active[n] = true
+		if Fixed(st.Limit) != model.nodeLimit(n) || n < nodePort && int(st.prefix()) != model.nodePrefix(n) {
+			t.Fatalf("node %d: kernel limit %d /%d, model %d /%d", n, st.Limit, st.prefix(), model.nodeLimit(n), model.nodePrefix(n))
+		}
+	}
+	for n := range numNodes {
+		if !active[n] && model.nodeLimit(n) != 0 {
+			t.Fatalf("node %d: active in the model (limit %d), not in the kernel settings", n, model.nodeLimit(n))
 		}
 	}
 	if err := objs.Settings.Put(uint32(0), settings); err != nil {

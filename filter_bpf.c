@@ -29,7 +29,7 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-#define LAYOUT_VERSION 3
+#define LAYOUT_VERSION 4
 
 #define MAX_LEVELS 5
 #define NODE_IPV4_FIRST 0
@@ -37,6 +37,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define NODE_PORT (2 * MAX_LEVELS)
 #define NODE_TOTAL (NODE_PORT + 1)
 #define NUM_NODES (NODE_TOTAL + 1)
+#define MAX_STEPS (MAX_LEVELS + 2)
 
 #define SKETCH_DEPTH 2
 #define SKETCH_WIDTH_SHIFT 11
@@ -68,6 +69,20 @@ struct cell {
 	__u64 last;
 };
 
+// One node of a family's lattice, as the packets of that family judge it. The node's
+// key is (source hi & mask_hi, (source lo & mask_lo) | (source port & port_mask)): a
+// prefix of the source address for a level node, the source port for the port node
+// (masks 0, port_mask 0xffff), nothing for the total node (all masks 0).
+struct step {
+	__u64 mask_hi;
+	__u64 mask_lo;
+	__u64 port_mask;
+	fp_t trip;                // smallest count whose arrival_rate reaches limit
+	fp_t limit;
+	__u32 first_cell;         // node * SKETCH_DEPTH * SKETCH_WIDTH
+	__u32 node;
+};
+
 // Live settings, written by the Go side (attach.go) and read on every packet.
 struct settings {
 	__u32 layout_version;
@@ -77,10 +92,8 @@ struct settings {
 	__u8 pad;
 	__u64 seed;
 	__u64 seed_mix0;          // mix64(seed), the hash's first round for hi == 0
-	fp_t limit[NUM_NODES];    // 0: node inactive
-	fp_t trip[NUM_NODES];     // smallest count whose arrival_rate reaches limit
-	__u8 prefix[NUM_NODES];   // prefix length of level nodes
-	__u8 pad2[4];
+	__u32 steps[2];           // active nodes of IPv6 ([0]) and IPv4 ([1]) sources
+	struct step step[2][MAX_STEPS]; // in judging order: levels finest first, port, total
 	__u64 reflection_ports[65536 / 64]; // bitmap of source ports to drop
 };
 
@@ -272,14 +285,6 @@ static __always_inline __u64 sketch_hash(__u64 seed, __u64 hi, __u64 lo)
 	return mix64(mix64(seed ^ hi) ^ lo);
 }
 
-// node_hash is sketch_hash with its first round taken from the settings when hi is
-// 0 (IPv4 sources, the port and total nodes): seed_mix0 = mix64(seed).
-static __always_inline __u64 node_hash(struct settings *s, __u64 hi, __u64 lo)
-{
-	__u64 h = hi ? mix64(s->seed ^ hi) : s->seed_mix0;
-	return mix64(h ^ lo);
-}
-
 // ---- Packet parsing ----
 
 struct packet {
@@ -463,13 +468,10 @@ static __always_inline int is_exempt(struct settings *s, struct packet *p)
 	return bpf_map_lookup_elem(&rrl_exempt6, &k) != NULL;
 }
 
-// judgement is what node_check needs besides the node and its key: the clock and the
-// draw of the packet being judged. The draw is taken when a node first needs it:
-// below a node's trip count the packet passes whatever the draw, so a packet within
-// every limit (all of them, without an attack) costs no random number.
+// judgement holds the draw of the packet being judged, taken when a node first needs
+// it: below a node's trip count the packet passes whatever the draw, so a packet
+// within every limit (all of them, without an attack) costs no random number.
 struct judgement {
-	struct settings *s;
-	__u64 now;
 	const __u32 *test_rnd;  // the draw tests replay; NULL: bpf_get_prandom_u32
 	__u32 rnd;
 	__u32 drawn;
@@ -485,66 +487,30 @@ static __always_inline __u32 draw(struct judgement *j)
 }
 
 // node_passes decides for a node whose count reached its trip count: the packet
-// passes with probability limit / rate. A subprogram, called only by packets of
-// sources over a limit, so that the three inlined copies of node_check stay small.
+// passes with probability limit / rate. A subprogram: only packets of sources over a
+// limit call it, so the lattice loop stays small.
 static __noinline int node_passes(struct judgement *j, fp_t min, fp_t limit)
 {
 	return fp_mul_frac(arrival_rate(min), (fp_t)draw(j)) < limit;
 }
 
-// node_check counts the packet in node's sketch and reports whether the node lets
-// it pass for the draw: 1 pass, 0 limited, -1 internal error. Inlined at its three
-// call sites: as a BPF subprogram it would make the program a quarter smaller (the
-// kernel charges the program's size to each socket's option memory: 7.4 KB instead
-// of 10 KB, both far below optmem_max) but 10 ns slower per packet.
-static __always_inline int node_check(struct judgement *j, __u32 node, __u64 hi, __u64 lo)
+// step_count counts the packet in the sketch of a step's node, whose key hashes to
+// h, and sets *min to the smaller of its cells after the arrival (the estimate). It
+// returns -1 when a cell cannot be looked up (an internal error), else 0.
+static __always_inline int step_count(struct step *st, __u64 h, __u64 now, fp_t *min)
 {
-	struct settings *s = j->s;
-	if (node >= NUM_NODES)
-		return -1;
-	__u64 h = node_hash(s, hi, lo);
-	fp_t min = FP_MAX;
-
+	*min = FP_MAX;
 	for (__u32 row = 0; row < SKETCH_DEPTH; row++) {
-		__u32 col = (__u32)(h >> (16 * row)) & (SKETCH_WIDTH - 1);
-		__u32 idx = (node * SKETCH_DEPTH + row) * SKETCH_WIDTH + col;
+		__u32 idx = st->first_cell + row * SKETCH_WIDTH +
+			    ((__u32)(h >> (16 * row)) & (SKETCH_WIDTH - 1));
 		struct cell *c = bpf_map_lookup_elem(&rrl_cells, &idx);
 		if (!c)
 			return -1;
-		cell_arrive(c, j->now);
-		if (c->count < min)
-			min = c->count;
+		cell_arrive(c, now);
+		if (c->count < *min)
+			*min = c->count;
 	}
-	// arrival_rate(min) * draw < limit holds for every draw below the trip count
-	// (the draw is below 1): the same verdict without the multiplies.
-	if (min < s->trip[node])
-		return 1;
-	return node_passes(j, min, s->limit[node]);
-}
-
-static __always_inline void mask_level(struct packet *p, __u8 prefix, __u64 *hi, __u64 *lo)
-{
-	if (p->v4) {
-		*hi = 0;
-		*lo = prefix == 0 ? 0 : p->lo & (0xffffffffULL << (32 - prefix)) & 0xffffffffULL;
-		return;
-	}
-	if (prefix >= 128) {
-		*hi = p->hi;
-		*lo = p->lo;
-	} else if (prefix > 64) {
-		*hi = p->hi;
-		*lo = p->lo & (~0ULL << (128 - prefix));
-	} else if (prefix == 64) {
-		*hi = p->hi;
-		*lo = 0;
-	} else if (prefix > 0) {
-		*hi = p->hi & (~0ULL << (64 - prefix));
-		*lo = 0;
-	} else {
-		*hi = 0;
-		*lo = 0;
-	}
+	return 0;
 }
 
 // filter judges one packet; now (ns) and test_rnd (a uniform 32-bit draw, or NULL
@@ -593,45 +559,43 @@ static __always_inline int filter(struct __sk_buff *skb, __u64 now, const __u32 
 	}
 
 	// The lattice: every active node of the packet counts it, then it passes only if
-	// every node lets it through for the one draw rnd, which is probability
+	// every node lets it through for the one draw, which is probability
 	// min(limit/rate) over the nodes. The first node that refuses is the decider.
-	struct judgement j = {.s = s, .now = now, .test_rnd = test_rnd};
-	__u32 first = p.v4 ? NODE_IPV4_FIRST : NODE_IPV6_FIRST;
+	struct judgement j = {.test_rnd = test_rnd};
+	__u32 fam = p.v4 & 1;
+	__u32 steps = s->steps[fam];
 	int decider = -1;
+	// The hash's first round depends on the key's hi word only, which is 0 for
+	// IPv4 sources, the port and the total node, and the same for IPv6 levels of
+	// /64 and longer: it is computed again only when hi changes.
+	__u64 prev_hi = 0, h1 = s->seed_mix0;
 	// Not unrolled: the kernel charges the program's size to every socket it is
 	// attached to (socket option memory), so the filter stays small.
 #pragma clang loop unroll(disable)
-	for (__u32 i = 0; i < MAX_LEVELS; i++) {
-		__u32 node = first + i;
-		if (node >= NUM_NODES || s->limit[node] == 0)
-			continue;
-		__u64 hi, lo;
-		mask_level(&p, s->prefix[node], &hi, &lo);
-		int r = node_check(&j, node, hi, lo);
-		if (r < 0) {
+	for (__u32 i = 0; i < MAX_STEPS; i++) {
+		if (i >= steps)
+			break;
+		struct step *st = &s->step[fam][i];
+		__u32 node = st->node;
+		if (node >= NUM_NODES) {
 			count(c, COUNTER_ERROR);
 			goto pass;
 		}
-		if (!r && decider < 0)
+		__u64 hi = p.hi & st->mask_hi;
+		__u64 lo = (p.lo & st->mask_lo) | (p.sport & st->port_mask);
+		if (hi != prev_hi) {
+			prev_hi = hi;
+			h1 = mix64(s->seed ^ hi);
+		}
+		fp_t min;
+		if (step_count(st, mix64(h1 ^ lo), now, &min)) {
+			count(c, COUNTER_ERROR);
+			goto pass;
+		}
+		// arrival_rate(min) * draw < limit holds for every draw below the trip
+		// count (the draw is below 1): the same verdict without the multiplies.
+		if (min >= st->trip && decider < 0 && !node_passes(&j, min, st->limit))
 			decider = node;
-	}
-	if (s->limit[NODE_PORT]) {
-		int r = node_check(&j, NODE_PORT, 0, p.sport);
-		if (r < 0) {
-			count(c, COUNTER_ERROR);
-			goto pass;
-		}
-		if (!r && decider < 0)
-			decider = NODE_PORT;
-	}
-	if (s->limit[NODE_TOTAL]) {
-		int r = node_check(&j, NODE_TOTAL, 0, 0);
-		if (r < 0) {
-			count(c, COUNTER_ERROR);
-			goto pass;
-		}
-		if (!r && decider < 0)
-			decider = NODE_TOTAL;
 	}
 
 	if (decider >= 0) {

@@ -45,11 +45,20 @@ type filterSettings struct {
 	Pad             uint8
 	Seed            uint64
 	SeedMix0        uint64
-	Limit           [12]uint64
-	Trip            [12]uint64
-	Prefix          [12]uint8
-	Pad2            [4]uint8
+	Steps           [2]uint32
+	Step            [2][7]filterStep
 	ReflectionPorts [1024]uint64
+}
+
+type filterStep struct {
+	_         structs.HostLayout
+	MaskHi    uint64
+	MaskLo    uint64
+	PortMask  uint64
+	Trip      uint64
+	Limit     uint64
+	FirstCell uint32
+	Node      uint32
 }
 
 type filterTestFp struct {

@@ -2,6 +2,9 @@ package rrl
 
 import (
 	"math/rand/v2"
+	"os"
+	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -108,5 +111,21 @@ func TestKernelFixedPointMatchesGo(t *testing.T) {
 				t.Fatalf("%s(%#x, %#x): kernel %#x, Go %#x", c.name, a, b, c.got, c.want)
 			}
 		}
+	}
+}
+
+// TestLayoutVersionMatchesProgram: the version the Go side writes into the settings
+// (and checks in pins) is the one filter_bpf.c declares.
+func TestLayoutVersionMatchesProgram(t *testing.T) {
+	src, err := os.ReadFile("filter_bpf.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^#define LAYOUT_VERSION (\d+)$`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("filter_bpf.c: no #define LAYOUT_VERSION")
+	}
+	if v, _ := strconv.Atoi(string(m[1])); v != layoutVersion {
+		t.Fatalf("filter_bpf.c LAYOUT_VERSION %d, layoutVersion %d", v, layoutVersion)
 	}
 }

@@ -557,10 +557,8 @@ func (f *Filter) HeavyCells(n int) ([]SketchCell, error) {
 		return nil, err
 	}
 	var out []SketchCell
-	for node := 0; node < numNodes; node++ {
-		if s.Limit[node] == 0 {
-			continue
-		}
+	for _, st := range s.activeNodes() {
+		node := int(st.Node)
 		var level []SketchCell
 		for row := 0; row < sketchDepth; row++ {
 			var r []SketchCell
@@ -577,8 +575,8 @@ func (f *Filter) HeavyCells(n int) ([]SketchCell, error) {
 		}
 		slices.SortStableFunc(level, func(a, b SketchCell) int { return cmpRate(a.Rate, b.Rate) })
 		for i := range level {
-			level[i].Node = nodeName(node, s.Prefix[node])
-			level[i].Limit = Fixed(s.Limit[node]).Float64()
+			level[i].Node = nodeName(node, st.prefix())
+			level[i].Limit = Fixed(st.Limit).Float64()
 		}
 		out = append(out, level...)
 	}
@@ -607,18 +605,21 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
 		return nil, err
 	}
 	addr := src.Addr().Unmap()
-	first := nodeIPv6First
+	b := addr.As16()
+	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	fam := 0
 	if addr.Is4() {
-		first = nodeIPv4First
+		fam, hi, lo = 1, 0, uint64(binary.BigEndian.Uint32(b[12:]))
 	}
-	// Only the group's own cells are read: one per row and level.
+	// Only the group's own cells are read: one per row and level, keyed as the
+	// filter keys them.
 	var lookupErr error
-	estimate := func(node int, hi, lo uint64, port uint16) float64 {
-		h := sketchHash(s.Seed, hi, lo|uint64(port))
+	estimate := func(st *filterStep, port uint16) float64 {
+		h := sketchHash(s.Seed, hi&st.MaskHi, lo&st.MaskLo|uint64(port)&st.PortMask)
 		var m Fixed = ^Fixed(0)
 		for row := 0; row < sketchDepth; row++ {
 			var c filterCell
-			idx := uint32((node*sketchDepth+row)*sketchWidth) + sketchIndex(h, row)
+			idx := st.FirstCell + uint32(row*sketchWidth) + sketchIndex(h, row)
 			if err := f.objs.Cells.Lookup(idx, &c); err != nil && lookupErr == nil {
 				lookupErr = fmt.Errorf("rrl: read sketch cell %d: %w", idx, err)
 			}
@@ -627,27 +628,22 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
 		return m.Float64()
 	}
 	var out []GroupRate
-	for node := first; node < first+maxRequestLevel; node++ {
-		if s.Limit[node] == 0 {
-			continue
-		}
-		p := netip.PrefixFrom(addr, int(s.Prefix[node])).Masked()
-		b := p.Addr().As16()
-		hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
-		if addr.Is4() {
-			hi, lo = 0, uint64(binary.BigEndian.Uint32(b[12:]))
-		}
-		out = append(out, GroupRate{Node: nodeName(node, s.Prefix[node]), Group: p,
-			Rate: estimate(node, hi, lo, 0), Limit: Fixed(s.Limit[node]).Float64()})
-	}
 	any4 := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-	if s.Limit[nodePort] != 0 && src.Port() != 0 {
-		out = append(out, GroupRate{Node: "port", Group: any4, Port: src.Port(),
-			Rate: estimate(nodePort, 0, 0, src.Port()), Limit: Fixed(s.Limit[nodePort]).Float64()})
-	}
-	if s.Limit[nodeTotal] != 0 {
-		out = append(out, GroupRate{Node: "total", Group: any4,
-			Rate: estimate(nodeTotal, 0, 0, 0), Limit: Fixed(s.Limit[nodeTotal]).Float64()})
+	for _, st := range s.steps(fam) {
+		limit := Fixed(st.Limit).Float64()
+		switch node := int(st.Node); node {
+		case nodePort:
+			if src.Port() != 0 {
+				out = append(out, GroupRate{Node: "port", Group: any4, Port: src.Port(),
+					Rate: estimate(&st, src.Port()), Limit: limit})
+			}
+		case nodeTotal:
+			out = append(out, GroupRate{Node: "total", Group: any4, Rate: estimate(&st, 0), Limit: limit})
+		default:
+			out = append(out, GroupRate{Node: nodeName(node, st.prefix()),
+				Group: netip.PrefixFrom(addr, int(st.prefix())).Masked(),
+				Rate:  estimate(&st, 0), Limit: limit})
+		}
 	}
 	if lookupErr != nil {
 		return nil, lookupErr
