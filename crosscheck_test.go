@@ -24,6 +24,9 @@ func TestKernelMatchesModel(t *testing.T) {
 			{"ipv6-prefix-length", "60"}, {"ipv6-request-levels", "128:1 48:8 32:30"}, {"source-port-factor", "3"},
 			{"exempt-clients", "10.1.0.0/16 fd00:0:1::/48"}}},
 		{"report-only", [][2]string{{"requests-per-second", "20"}, {"report-only", "true"}}},
+		{"no port node, IPv6 levels inside the lower half", [][2]string{
+			{"requests-per-second", "40"}, {"source-port-factor", "0"}, {"ipv4-request-levels", "32:1 8:100"},
+			{"ipv6-request-levels", "128:1 96:2 64:4"}}},
 	}
 	for i, c := range configs {
 		t.Run(c.name, func(t *testing.T) {
