@@ -151,7 +151,12 @@ func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	return fs.Args(), nil
 }
 
-func noArgs(rest []string) error {
+// parseFlags is parse for a command that takes flags only.
+func (c *cli) parseFlags(fs *flag.FlagSet, args []string) error {
+	rest, err := c.parse(fs, args)
+	if err != nil {
+		return err
+	}
 	if len(rest) > 0 {
 		return usagef("unexpected arguments %q", rest)
 	}
@@ -186,17 +191,14 @@ Needs root (CAP_BPF and CAP_CHOWN).`,
 			}
 			fs.Func(kw, "rrl keyword "+kw+" (see rrl.Config)", set)
 		}
-		rest, err := c.parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(rest); err != nil {
+		if err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
 		if cfgErr != nil {
 			return usageError{cfgErr.Error()}
 		}
 		uid, gid := -1, -1
+		var err error
 		if *userName != "" {
 			if uid, err = lookupID(*userName, user.Lookup, func(u *user.User) string { return u.Uid }); err != nil {
 				return usagef("-user %s: %v", *userName, err)
@@ -233,11 +235,7 @@ var unloadCommand = &command{
 	help: `Remove the pins "rrlctl load" made in DIR, and DIR if load created it. Servers
 that attached the filter keep it on their sockets until they close them.`,
 	run: func(c *cli, fs *flag.FlagSet, args []string) error {
-		rest, err := c.parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(rest); err != nil {
+		if err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
 		if err := rrl.Unpin(c.pin); err != nil {
@@ -291,11 +289,7 @@ var configCommand = &command{
 	help:    `Print the configuration the pinned filter runs with, one "keyword value" per line.`,
 	run: func(c *cli, fs *flag.FlagSet, args []string) error {
 		asJSON := fs.Bool("json", false, "print a JSON object")
-		rest, err := c.parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(rest); err != nil {
+		if err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
 		f, err := rrl.OpenPinned(c.pin)

@@ -29,11 +29,7 @@ JSON object per line).`,
 		watch := fs.Duration("watch", 0, "refresh every `interval` (e.g. 1s), showing rates per second")
 		count := fs.Int("count", 0, "with -watch, stop after `N` refreshes (0: until interrupted)")
 		asJSON := fs.Bool("json", false, "print JSON")
-		rest, err := c.parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(rest); err != nil {
+		if err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
 		if *watch < 0 || *count < 0 || (*count > 0 && *watch == 0) {

@@ -30,11 +30,7 @@ the same number it compares with the limit for that source's next packet.`,
 		n := fs.Int("n", 20, "list the `N` heaviest cells of each row of each level (0: none)")
 		probe := fs.String("probe", "", "comma-separated `sources` (ADDR or ADDR:PORT) to estimate")
 		asJSON := fs.Bool("json", false, "print JSON")
-		rest, err := c.parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(rest); err != nil {
+		if err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
 		if *n < 0 {
