@@ -95,12 +95,7 @@ func BenchmarkFilterLiveSocket(b *testing.B) {
 				prog = f.objs.Program
 			} else {
 				prog = passOnlyProgram(b)
-				err := control(srv.conn, func(fd int) error {
-					return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ATTACH_BPF, prog.FD())
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
+				attachProgram(b, srv, prog)
 			}
 			benchLiveRuns(b, srv, prog)
 		})
@@ -305,32 +300,30 @@ func floorProgram(b *testing.B) *ebpf.Program {
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, -36),
 		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "cells"),
+		asm.JEq.Imm(asm.R0, 0, "row0"),
 		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
 		asm.Add.Imm(asm.R1, 1),
 		asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
-		asm.Mov.Imm(asm.R8, 0).WithSymbol("cells"),
 	}
-	// One cell in each of eight rows: count += 1.0, last = now.
+	// One cell in each of eight rows: count += 1.0, last = now. A failed lookup
+	// jumps to the next row.
 	for row := range 8 {
-		skip := fmt.Sprintf("row%d", row)
 		insns = append(insns,
-			asm.StoreImm(asm.RFP, -40, int64(row*sketchWidth+17), asm.Word),
+			asm.StoreImm(asm.RFP, -40, int64(row*sketchWidth+17), asm.Word).WithSymbol(fmt.Sprintf("row%d", row)),
 			asm.LoadMapPtr(asm.R1, cells.FD()),
 			asm.Mov.Reg(asm.R2, asm.RFP),
 			asm.Add.Imm(asm.R2, -40),
 			asm.FnMapLookupElem.Call(),
-			asm.JEq.Imm(asm.R0, 0, skip),
+			asm.JEq.Imm(asm.R0, 0, fmt.Sprintf("row%d", row+1)),
 			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
 			asm.LoadImm(asm.R2, 1<<32, asm.DWord),
 			asm.Add.Reg(asm.R1, asm.R2),
 			asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
 			asm.StoreMem(asm.R0, 8, asm.R7, asm.DWord),
-			asm.Mov.Imm(asm.R8, 0).WithSymbol(skip),
 		)
 	}
 	insns = append(insns,
-		asm.LoadMem(asm.R0, asm.R6, 0, asm.Word), // skb->len: pass the packet whole
+		asm.LoadMem(asm.R0, asm.R6, 0, asm.Word).WithSymbol("row8"), // skb->len: pass the packet whole
 		asm.Return(),
 	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SocketFilter, License: "Dual BSD/GPL", Instructions: insns})
