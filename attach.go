@@ -268,10 +268,9 @@ func latticeOf(cfg *Config) *limiterParams {
 // step is node n's entry in the kernel's settings, without its key masks.
 func (p *limiterParams) step(n int) filterStep {
 	return filterStep{
-		Trip:      uint64(p.trip[n]),
-		Limit:     uint64(p.limit[n]),
-		FirstCell: uint32(n * sketchDepth * sketchWidth),
-		Node:      uint32(n),
+		Trip:  uint64(p.trip[n]),
+		Limit: uint64(p.limit[n]),
+		Node:  uint32(n),
 	}
 }
 
@@ -323,7 +322,7 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 			n := first + i
 			st := lat.step(n)
 			if fam == 1 {
-				st.MaskLo = math.MaxUint32 &^ (math.MaxUint32 >> lat.prefix[n])
+				st.MaskLo = maskIPv4(math.MaxUint32, lat.prefix[n])
 			} else {
 				st.MaskHi, st.MaskLo = maskIPv6(math.MaxUint64, math.MaxUint64, lat.prefix[n])
 			}

@@ -79,8 +79,8 @@ struct step {
 	__u64 port_mask;
 	fp_t trip;                // smallest count whose arrival_rate reaches limit
 	fp_t limit;
-	__u32 first_cell;         // node * SKETCH_DEPTH * SKETCH_WIDTH
 	__u32 node;
+	__u32 pad;
 };
 
 // Live settings, written by the Go side (attach.go) and read on every packet.
@@ -494,14 +494,14 @@ static __noinline int node_passes(struct judgement *j, fp_t min, fp_t limit)
 	return fp_mul_frac(arrival_rate(min), (fp_t)draw(j)) < limit;
 }
 
-// step_count counts the packet in the sketch of a step's node, whose key hashes to
-// h, and sets *min to the smaller of its cells after the arrival (the estimate). It
-// returns -1 when a cell cannot be looked up (an internal error), else 0.
-static __always_inline int step_count(struct step *st, __u64 h, __u64 now, fp_t *min)
+// node_count counts the packet in node's sketch, where its key hashes to h, and sets
+// *min to the smaller of its cells after the arrival (the estimate). It returns -1
+// when a cell cannot be looked up (an internal error), else 0.
+static __always_inline int node_count(__u32 node, __u64 h, __u64 now, fp_t *min)
 {
 	*min = FP_MAX;
 	for (__u32 row = 0; row < SKETCH_DEPTH; row++) {
-		__u32 idx = st->first_cell + row * SKETCH_WIDTH +
+		__u32 idx = (node * SKETCH_DEPTH + row) * SKETCH_WIDTH +
 			    ((__u32)(h >> (16 * row)) & (SKETCH_WIDTH - 1));
 		struct cell *c = bpf_map_lookup_elem(&rrl_cells, &idx);
 		if (!c)
@@ -588,7 +588,7 @@ static __always_inline int filter(struct __sk_buff *skb, __u64 now, const __u32 
 			h1 = mix64(s->seed ^ hi);
 		}
 		fp_t min;
-		if (step_count(st, mix64(h1 ^ lo), now, &min)) {
+		if (node_count(node, mix64(h1 ^ lo), now, &min)) {
 			count(c, COUNTER_ERROR);
 			goto pass;
 		}

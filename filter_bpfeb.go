@@ -51,14 +51,14 @@ type filterSettings struct {
 }
 
 type filterStep struct {
-	_         structs.HostLayout
-	MaskHi    uint64
-	MaskLo    uint64
-	PortMask  uint64
-	Trip      uint64
-	Limit     uint64
-	FirstCell uint32
-	Node      uint32
+	_        structs.HostLayout
+	MaskHi   uint64
+	MaskLo   uint64
+	PortMask uint64
+	Trip     uint64
+	Limit    uint64
+	Node     uint32
+	Pad      uint32
 }
 
 type filterTestFp struct {

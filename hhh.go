@@ -326,7 +326,7 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 		for i := range min(p.levels[0], maxRequestLevel) {
 			n := nodeIPv4First + i
 			// sketchHash(seed, 0, lo); with hi = 0 its first step is mix0.
-			hs[k] = mix64(l.mix0 ^ (a &^ (math.MaxUint32 >> p.prefix[n])))
+			hs[k] = mix64(l.mix0 ^ maskIPv4(a, p.prefix[n]))
 			ns[k] = uint8(n)
 			k++
 		}
@@ -373,6 +373,11 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 	}
 	st.limited[decider].Add(1)
 	return LimiterVerdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
+}
+
+// maskIPv4 keeps the first bits bits of the IPv4 address a (its low 32 bits).
+func maskIPv4(a uint64, bits int) uint64 {
+	return a &^ (math.MaxUint32 >> bits)
 }
 
 // maskIPv6 keeps the first bits bits of the 128-bit address hi:lo.

@@ -619,7 +619,7 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
 		var m Fixed = ^Fixed(0)
 		for row := 0; row < sketchDepth; row++ {
 			var c filterCell
-			idx := st.FirstCell + uint32(row*sketchWidth) + sketchIndex(h, row)
+			idx := uint32((int(st.Node)*sketchDepth+row)*sketchWidth) + sketchIndex(h, row)
 			if err := f.objs.Cells.Lookup(idx, &c); err != nil && lookupErr == nil {
 				lookupErr = fmt.Errorf("rrl: read sketch cell %d: %w", idx, err)
 			}
