@@ -20,7 +20,7 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 4
+const layoutVersion = 5
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -310,7 +310,7 @@ func (st *filterStep) prefix() uint8 {
 
 // kernelSettings builds the settings map value for cfg.
 func kernelSettings(cfg *Config, seed uint64) *filterSettings {
-	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed)}
+	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed), TickNs: coarseTick()}
 	if cfg.reportOnly {
 		s.ReportOnly = 1
 	}
@@ -350,6 +350,17 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 	}
 	return s
 }
+
+// coarseTick returns the resolution of CLOCK_MONOTONIC_COARSE, which is the length
+// of a jiffy: the program counts jiffies and needs it to turn them into nanoseconds.
+// 0 (unknown) makes the program read the coarse clock itself on every packet.
+var coarseTick = sync.OnceValue(func() uint64 {
+	var res unix.Timespec
+	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil || res.Nano() <= 0 {
+		return 0
+	}
+	return uint64(res.Nano())
+})
 
 func (f *Filter) writeSettings(cfg *Config) error {
 	if f.pin != nil {

@@ -393,3 +393,55 @@ func TestLiveExemptClients(t *testing.T) {
 		t.Errorf("after removing the exemption: %.0f pps delivered, want the limit 500", got)
 	}
 }
+
+// TestLiveClockOnMonotonic: the program's clock, counted in jiffies and turned into
+// nanoseconds with the coarse clock's resolution, stays on CLOCK_MONOTONIC (the clock
+// GroupRates and HeavyCells decay cells against) within a tick or two, across more
+// than one resynchronisation of its offset.
+func TestLiveClockOnMonotonic(t *testing.T) {
+	srv, f := attachLive(t, "1000")
+	tick := time.Duration(coarseTick())
+	if tick < time.Millisecond || tick > 10*time.Millisecond {
+		t.Fatalf("coarse clock resolution %v, want a jiffy of 1 to 10 ms", tick)
+	}
+	client, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(srv.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	monotonic := func() time.Duration {
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ts.Nano())
+	}
+	buf := make([]byte, 512)
+	// 14 packets 25 ticks apart span 325 ticks: past the program's resync interval
+	// of 256 ticks, and long enough for a wrong jiffy length to drift out of bounds.
+	for i := range 14 {
+		if i > 0 {
+			time.Sleep(25 * tick)
+		}
+		before := monotonic()
+		if _, err := client.Write(dnsQuery(uint16(i), false)); err != nil {
+			t.Fatal(err)
+		}
+		srv.conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, _, err := srv.conn.ReadFromUDPAddrPort(buf); err != nil {
+			t.Fatalf("packet %d: %v", i, err)
+		}
+		after := monotonic()
+		_, cells, _, err := f.readSketches()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var last time.Duration
+		for _, c := range cells {
+			last = max(last, time.Duration(c.Last))
+		}
+		if last < before-3*tick || last > after+2*tick {
+			t.Fatalf("packet %d: newest cell time %v, CLOCK_MONOTONIC %v to %v (tick %v)", i, last, before, after, tick)
+		}
+	}
+}

@@ -265,7 +265,7 @@ func attachProgram(b *testing.B, srv *udpServer, prog *ebpf.Program) {
 
 // floorProgram loads a socket filter that does, per packet, the memory work of the
 // filter's design and nothing else: it reads the packet's headers relative to the
-// network header, reads the coarse clock, counts the packet in a per-CPU counter
+// network header, reads the clock in jiffies, counts the packet in a per-CPU counter
 // and updates one cell in each of eight sketch rows (the default IPv4 lattice: four
 // nodes, two rows each) of a map shaped like the filter's, then passes the packet.
 func floorProgram(b *testing.B) *ebpf.Program {
@@ -292,7 +292,7 @@ func floorProgram(b *testing.B) *ebpf.Program {
 		asm.Mov.Imm(asm.R4, 32),
 		asm.Mov.Imm(asm.R5, hdrStartNet),
 		asm.FnSkbLoadBytesRelative.Call(),
-		asm.FnKtimeGetCoarseNs.Call(),
+		asm.FnJiffies64.Call(),
 		asm.Mov.Reg(asm.R7, asm.R0),
 		// The per-CPU counter.
 		asm.StoreImm(asm.RFP, -36, 0, asm.Word),

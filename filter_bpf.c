@@ -29,7 +29,7 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-#define LAYOUT_VERSION 4
+#define LAYOUT_VERSION 5
 
 #define MAX_LEVELS 5
 #define NODE_IPV4_FIRST 0
@@ -92,6 +92,7 @@ struct settings {
 	__u8 pad;
 	__u64 seed;
 	__u64 seed_mix0;          // mix64(seed), the hash's first round for hi == 0
+	__u64 tick_ns;            // length of a jiffy (the coarse clock's resolution); 0: unknown
 	__u32 steps[2];           // active nodes of IPv6 ([0]) and IPv4 ([1]) sources
 	struct step step[2][MAX_STEPS]; // in judging order: levels finest first, port, total
 	__u64 reflection_ports[65536 / 64]; // bitmap of source ports to drop
@@ -111,7 +112,11 @@ enum counter {
 	COUNTER_MAX = COUNTER_LIMITED_NODE0 + NUM_NODES,
 };
 
+// Per CPU: the packet counters and the state of the live clock (clock_now), which
+// share the counters' first cache line, touched by every packet anyway.
 struct counters {
+	__u64 clock_sync;         // jiffies when clock_offset was last taken
+	__u64 clock_offset;       // coarse clock minus jiffies * tick_ns at clock_sync
 	__u64 value[COUNTER_MAX];
 };
 
@@ -513,14 +518,13 @@ static __always_inline int node_count(__u32 node, __u64 h, __u64 now, fp_t *min)
 	return 0;
 }
 
-// filter judges one packet; now (ns) and test_rnd (a uniform 32-bit draw, or NULL
-// for bpf_get_prandom_u32) are arguments so that tests can replay the Go model's
-// inputs. It returns the number of bytes to keep: 0 drops the packet.
-static __always_inline int filter(struct __sk_buff *skb, __u64 now, const __u32 *test_rnd)
+// filter judges one packet with the settings s, counting in c (either may be NULL,
+// a failed lookup); now (ns) and test_rnd (a uniform 32-bit draw, or NULL for
+// bpf_get_prandom_u32) are arguments so that tests can replay the Go model's inputs.
+// It returns the number of bytes to keep: 0 drops the packet.
+static __always_inline int filter(struct __sk_buff *skb, struct settings *s, struct counters *c,
+				  __u64 now, const __u32 *test_rnd)
 {
-	__u32 zero = 0;
-	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
-	struct settings *s = bpf_map_lookup_elem(&rrl_settings, &zero);
 	struct packet p = {};
 
 	count(c, COUNTER_SEEN);
@@ -614,14 +618,39 @@ pass:
 	return skb->len;
 }
 
-// The clock is CLOCK_MONOTONIC at tick resolution (1 to 4 ms): a fraction of a
-// percent of the estimator's 289 ms time constant, and several times cheaper to read
-// than the precise clock on virtual machines. Packets within one tick decay nothing
-// between them, exactly as the model treats equal timestamps. Needs Linux 5.11.
+// CLOCK_RESYNC_TICKS is how often (in jiffies) clock_now takes its offset afresh.
+#define CLOCK_RESYNC_TICKS 256
+
+// clock_now is the live clock: CLOCK_MONOTONIC at tick resolution (1 to 10 ms), a
+// fraction of a percent of the estimator's 289 ms time constant. Packets within one
+// tick decay nothing between them, exactly as the model treats equal timestamps.
+//
+// It counts jiffies, which the kernel reads inline (a load, not a helper call), and
+// turns them into the coarse monotonic clock (bpf_ktime_get_coarse_ns, Linux 5.11),
+// the clock the Go side reads cells against, with an offset this CPU takes from that
+// clock every CLOCK_RESYNC_TICKS. Both advance on the same tick, so the two readings
+// differ by at most a tick. Without tick_ns or counters it reads the coarse clock.
+static __always_inline __u64 clock_now(const struct settings *s, struct counters *c)
+{
+	__u64 tick = s ? s->tick_ns : 0;
+	if (!tick || !c)
+		return bpf_ktime_get_coarse_ns();
+	__u64 j = bpf_jiffies64();
+	// Unsigned: a clock_sync ahead of j (never taken, or raced) also resyncs.
+	if (j - c->clock_sync >= CLOCK_RESYNC_TICKS) {
+		c->clock_offset = bpf_ktime_get_coarse_ns() - j * tick;
+		c->clock_sync = j;
+	}
+	return j * tick + c->clock_offset;
+}
+
 SEC("socket")
 int rrl_filter(struct __sk_buff *skb)
 {
-	return filter(skb, bpf_ktime_get_coarse_ns(), NULL);
+	__u32 zero = 0;
+	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
+	struct settings *s = bpf_map_lookup_elem(&rrl_settings, &zero);
+	return filter(skb, s, c, clock_now(s, c), NULL);
 }
 
 // ---- Test-only entry points: never loaded by Attach. ----
@@ -648,7 +677,9 @@ int rrl_filter_test(struct __sk_buff *skb)
 	struct test_input *in = bpf_map_lookup_elem(&rrl_test_input, &zero);
 	if (!in)
 		return skb->len;
-	return filter(skb, in->now, &in->rnd);
+	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
+	struct settings *s = bpf_map_lookup_elem(&rrl_settings, &zero);
+	return filter(skb, s, c, in->now, &in->rnd);
 }
 
 // fp_ops_test evaluates the fixed-point and estimator primitives on inputs from

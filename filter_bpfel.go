@@ -20,8 +20,10 @@ type filterCell struct {
 }
 
 type filterCounters struct {
-	_     structs.HostLayout
-	Value [21]uint64
+	_           structs.HostLayout
+	ClockSync   uint64
+	ClockOffset uint64
+	Value       [21]uint64
 }
 
 type filterExempt4Key struct {
@@ -45,6 +47,7 @@ type filterSettings struct {
 	Pad             uint8
 	Seed            uint64
 	SeedMix0        uint64
+	TickNs          uint64
 	Steps           [2]uint32
 	Step            [2][7]filterStep
 	ReflectionPorts [1024]uint64

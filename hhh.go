@@ -292,7 +292,7 @@ func (l *Limiter) Allow(src netip.AddrPort) bool {
 }
 
 // AllowAt judges a query from src arriving at now, in nanoseconds of a monotonic clock
-// (what bpf_ktime_get_ns gives the kernel filter), with rand a uniform 32-bit random
+// (the kernel filter uses CLOCK_MONOTONIC at tick resolution), with rand a uniform 32-bit random
 // draw. Time that stands still or steps back counts the arrival without decaying
 // anything; negative times count as 0.
 func (l *Limiter) AllowAt(src netip.AddrPort, now int64, rand uint32) bool {

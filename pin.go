@@ -681,8 +681,8 @@ func (f *Filter) readSketches() (*filterSettings, []filterCell, uint64, error) {
 	return s, cells, now, nil
 }
 
-// readSettings reads the settings map and the kernel clock the cells' times are on
-// (bpf_ktime_get_ns: CLOCK_MONOTONIC). f.mu must be held.
+// readSettings reads the settings map and the clock the cells' times are on:
+// CLOCK_MONOTONIC, which the program reads at tick resolution. f.mu must be held.
 func (f *Filter) readSettings() (*filterSettings, uint64, error) {
 	if f.mode != ModeEBPF {
 		return nil, 0, fmt.Errorf("rrl: read sketches: %w", ErrClosed)
