@@ -292,9 +292,9 @@ func (l *Limiter) Allow(src netip.AddrPort) bool {
 }
 
 // AllowAt judges a query from src arriving at now, in nanoseconds of a monotonic clock
-// (the kernel filter uses CLOCK_MONOTONIC at tick resolution), with rand a uniform 32-bit random
-// draw. Time that stands still or steps back counts the arrival without decaying
-// anything; negative times count as 0.
+// (the kernel filter's is CLOCK_MONOTONIC at tick resolution), with rand a uniform
+// 32-bit random draw. Time that stands still or steps back counts the arrival without
+// decaying anything; negative times count as 0.
 func (l *Limiter) AllowAt(src netip.AddrPort, now int64, rand uint32) bool {
 	return l.DecideAt(src, now, rand).Allowed
 }
