@@ -397,13 +397,42 @@ func TestLiveExemptClients(t *testing.T) {
 // TestLiveClockOnMonotonic: the program's clock, counted in jiffies and turned into
 // nanoseconds with the coarse clock's resolution, stays on CLOCK_MONOTONIC (the clock
 // GroupRates and HeavyCells decay cells against) within a tick or two, across more
-// than one resynchronisation of its offset.
+// than one resynchronisation of its offset; and so does the coarse clock it reads
+// instead when the settings do not know the jiffy's length.
 func TestLiveClockOnMonotonic(t *testing.T) {
-	srv, f := attachLive(t, "1000")
 	tick := time.Duration(coarseTick())
 	if tick < time.Millisecond || tick > 10*time.Millisecond {
 		t.Fatalf("coarse clock resolution %v, want a jiffy of 1 to 10 ms", tick)
 	}
+	for _, tc := range []struct {
+		name    string
+		tickNs  uint64
+		packets int
+	}{
+		// 14 packets 25 ticks apart span 325 ticks: past the program's resync
+		// interval of 256 ticks, and long enough for a wrong jiffy length to drift
+		// out of bounds.
+		{"jiffies", coarseTick(), 14},
+		{"coarse clock without tick length", 0, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, f := attachLive(t, "1000")
+			var s filterSettings
+			if err := f.objs.Settings.Lookup(uint32(0), &s); err != nil {
+				t.Fatal(err)
+			}
+			s.TickNs = tc.tickNs
+			if err := f.objs.Settings.Put(uint32(0), &s); err != nil {
+				t.Fatal(err)
+			}
+			checkLiveClock(t, srv, f, tick, tc.packets)
+		})
+	}
+}
+
+// checkLiveClock sends packets to srv, 25 ticks apart, and checks after each that
+// the newest sketch cell's time is CLOCK_MONOTONIC at tick resolution.
+func checkLiveClock(t *testing.T, srv *udpServer, f *Filter, tick time.Duration, packets int) {
 	client, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(srv.addr))
 	if err != nil {
 		t.Fatal(err)
@@ -417,9 +446,7 @@ func TestLiveClockOnMonotonic(t *testing.T) {
 		return time.Duration(ts.Nano())
 	}
 	buf := make([]byte, 512)
-	// 14 packets 25 ticks apart span 325 ticks: past the program's resync interval
-	// of 256 ticks, and long enough for a wrong jiffy length to drift out of bounds.
-	for i := range 14 {
+	for i := range packets {
 		if i > 0 {
 			time.Sleep(25 * tick)
 		}
