@@ -347,6 +347,7 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 	}
 	for _, p := range cfg.reflectionPorts {
 		s.ReflectionPorts[p>>6] |= 1 << (p & 63)
+		s.ReflectionBlocks |= 1 << (p >> 10)
 	}
 	return s
 }

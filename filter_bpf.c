@@ -93,6 +93,7 @@ struct settings {
 	__u64 seed;
 	__u64 seed_mix0;          // mix64(seed), the hash's first round for hi == 0
 	__u64 tick_ns;            // length of a jiffy (the coarse clock's resolution); 0: unknown
+	__u64 reflection_blocks;  // bit b: reflection_ports lists a port in b*1024 .. b*1024+1023
 	__u32 steps[2];           // active nodes of IPv6 ([0]) and IPv4 ([1]) sources
 	struct step step[2][MAX_STEPS]; // in judging order: levels finest first, port, total
 	__u64 reflection_ports[65536 / 64]; // bitmap of source ports to drop
@@ -553,7 +554,10 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 		count(c, COUNTER_DROP_RESPONSE);
 		goto drop;
 	}
-	if (s->reflection_ports[(p.sport >> 6) & 1023] & (1ULL << (p.sport & 63))) {
+	// The bitmap is read only for ports in a block that lists one: queries from
+	// ephemeral ports, in blocks the default list leaves empty, touch no line of it.
+	if (((s->reflection_blocks >> (p.sport >> 10)) & 1) &&
+	    (s->reflection_ports[(p.sport >> 6) & 1023] & (1ULL << (p.sport & 63)))) {
 		count(c, COUNTER_DROP_REFLECTION);
 		goto drop;
 	}

@@ -39,18 +39,19 @@ type filterExempt6Key struct {
 }
 
 type filterSettings struct {
-	_               structs.HostLayout
-	LayoutVersion   uint32
-	ReportOnly      uint8
-	HasExempt4      uint8
-	HasExempt6      uint8
-	Pad             uint8
-	Seed            uint64
-	SeedMix0        uint64
-	TickNs          uint64
-	Steps           [2]uint32
-	Step            [2][7]filterStep
-	ReflectionPorts [1024]uint64
+	_                structs.HostLayout
+	LayoutVersion    uint32
+	ReportOnly       uint8
+	HasExempt4       uint8
+	HasExempt6       uint8
+	Pad              uint8
+	Seed             uint64
+	SeedMix0         uint64
+	TickNs           uint64
+	ReflectionBlocks uint64
+	Steps            [2]uint32
+	Step             [2][7]filterStep
+	ReflectionPorts  [1024]uint64
 }
 
 type filterStep struct {

@@ -1,7 +1,9 @@
 package rrl
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"regexp"
 	"strconv"
@@ -127,5 +129,63 @@ func TestLayoutVersionMatchesProgram(t *testing.T) {
 	}
 	if v, _ := strconv.Atoi(string(m[1])); v != layoutVersion {
 		t.Fatalf("filter_bpf.c LAYOUT_VERSION %d, layoutVersion %d", v, layoutVersion)
+	}
+}
+
+// TestKernelReflectionPortsAllPorts: the program drops a query from every source
+// port on the reflection list and passes one from every other port, for lists of
+// ports in one 1024-port block, spread over all blocks, and at both ends.
+func TestKernelReflectionPortsAllPorts(t *testing.T) {
+	objs := loadTestObjects(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	spread := []uint16{0, 1, 1023, 1024, 32767, 32768, 65534, 65535}
+	for len(spread) < maxReflectionPorts {
+		spread = append(spread, uint16(rng.IntN(65536)))
+	}
+	adjacent := make([]uint16, maxReflectionPorts)
+	for i := range adjacent {
+		adjacent[i] = uint16(40000 + i)
+	}
+	src := netip.MustParseAddrPort("192.0.2.7:0")
+	dst := netip.MustParseAddrPort("192.0.2.1:53")
+	frame := ethFrame(unix.ETH_P_IP, ipv4Packet(src, dst, nil, dnsQuery(1, false)))
+	const sportOffset = 14 + 20 // Ethernet and IPv4 headers
+	for _, tc := range []struct {
+		name  string
+		ports []uint16
+	}{
+		{"default", DefaultReflectionPorts},
+		{"empty", nil},
+		{"only 65535", []uint16{65535}},
+		{"64 spread", spread},
+		{"64 adjacent", adjacent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := NewConfig()
+			if err := cfg.SetValue("requests-per-second", "10000000"); err != nil {
+				t.Fatal(err)
+			}
+			cfg.reflectionPorts = tc.ports
+			if err := objs.Settings.Put(uint32(0), kernelSettings(cfg, 1)); err != nil {
+				t.Fatal(err)
+			}
+			listed := map[uint16]bool{}
+			for _, p := range tc.ports {
+				listed[p] = true
+			}
+			for sport := range 65536 {
+				binary.BigEndian.PutUint16(frame[sportOffset:], uint16(sport))
+				if err := objs.TestInput.Put(uint32(0), &filterTestInput{Now: uint64(sport) * 1e6, Rnd: 0}); err != nil {
+					t.Fatal(err)
+				}
+				ret, err := objs.FilterTest.Run(&ebpf.RunOptions{Data: frame})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, want := ret != 0, !listed[uint16(sport)]; got != want {
+					t.Fatalf("source port %d: pass = %v, want %v", sport, got, want)
+				}
+			}
+		})
 	}
 }
