@@ -113,8 +113,8 @@ enum counter {
 	COUNTER_MAX = COUNTER_LIMITED_NODE0 + NUM_NODES,
 };
 
-// Per CPU: the packet counters and the state of the live clock (clock_now), which
-// share the counters' first cache line, touched by every packet anyway.
+// Per CPU: the packet counters and the state of the live clock (clock_now), placed
+// next to the two counters every packet increments, so that it costs no other line.
 struct counters {
 	__u64 clock_sync;         // jiffies when clock_offset was last taken
 	__u64 clock_offset;       // coarse clock minus jiffies * tick_ns at clock_sync
@@ -640,7 +640,8 @@ static __always_inline __u64 clock_now(const struct settings *s, struct counters
 	if (!tick || !c)
 		return bpf_ktime_get_coarse_ns();
 	__u64 j = bpf_jiffies64();
-	// Unsigned: a clock_sync ahead of j (never taken, or raced) also resyncs.
+	// Unsigned: a CPU that never synced (clock_sync 0) resyncs, and so does one
+	// whose clock_sync is ahead of j (a race between two runs on this CPU).
 	if (j - c->clock_sync >= CLOCK_RESYNC_TICKS) {
 		c->clock_offset = bpf_ktime_get_coarse_ns() - j * tick;
 		c->clock_sync = j;
