@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
+	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/sys/unix"
 )
 
@@ -149,7 +150,7 @@ func randomSeed() (uint64, error) {
 
 func (f *Filter) attachEBPF(conn syscall.Conn) error {
 	fd := f.objs.Program.FD()
-	err := control(conn, func(s int) error {
+	err := sockopt.Control(conn, func(s int) error {
 		if err := checkUDPSocket(s); err != nil {
 			return err
 		}

@@ -152,7 +152,9 @@ func attachLiveIPv6(t *testing.T, rps string) (*udpServer, *rawSender, *Filter) 
 	return srv, raw, f
 }
 
-func attachLive(t *testing.T, rps string) (*udpServer, *Filter) {
+// attachLive attaches the eBPF filter, limiting each source to rps, to a new server
+// socket on 127.0.0.1; the filter closes when t ends.
+func attachLive(t testing.TB, rps string) (*udpServer, *Filter) {
 	t.Helper()
 	requireBPF(t)
 	srv := newUDPServer(t, "udp4", "127.0.0.1:0")

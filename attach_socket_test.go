@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl/internal/loadgen"
+	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/sys/unix"
 )
 
@@ -171,7 +172,7 @@ func listenReusePort(t *testing.T, addr string) *udpServer {
 	}
 	conn := pc.(*net.UDPConn)
 	t.Cleanup(func() { conn.Close() })
-	control(conn, func(fd int) error {
+	sockopt.Control(conn, func(fd int) error {
 		return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20)
 	})
 	return &udpServer{conn: conn, addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}

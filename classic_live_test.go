@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dnsrake/rrl/internal/loadgen"
+	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
@@ -55,7 +57,7 @@ func listenLive(t *testing.T, s liveSocket) *net.UDPConn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	err = control(conn, func(fd int) error {
+	err = sockopt.Control(conn, func(fd int) error {
 		domain, err := socketDomain(fd)
 		if err != nil {
 			return err
@@ -148,7 +150,7 @@ func sendCases(t *testing.T, s liveSocket, server netip.AddrPort, cases []liveCa
 			}
 			src = conn.LocalAddr().(*net.UDPAddr).AddrPort()
 			if c.ipOptions {
-				if err := control(conn, setIPOptions); err != nil {
+				if err := sockopt.Control(conn, setIPOptions); err != nil {
 					conn.Close()
 					t.Fatalf("%s: %v", c.name, err)
 				}
@@ -234,11 +236,7 @@ func receiveAll(t *testing.T, server *net.UDPConn, total int, dropsBefore uint32
 
 func socketDropCount(t *testing.T, conn *net.UDPConn) uint32 {
 	t.Helper()
-	var n uint32
-	err := control(conn, func(fd int) (err error) {
-		n, err = socketDrops(fd)
-		return err
-	})
+	n, err := loadgen.Drops(conn)
 	if err != nil {
 		t.Fatalf("SO_MEMINFO: %v", err)
 	}
@@ -554,8 +552,8 @@ func BenchmarkClassicLoopback(b *testing.B) {
 			defer sender.Close()
 			payload := minimalQuery(1)
 			buf := make([]byte, 512)
-			var dropsBefore uint32
-			if err := control(server, func(fd int) (err error) { dropsBefore, err = socketDrops(fd); return }); err != nil {
+			dropsBefore, err := loadgen.Drops(server)
+			if err != nil {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
@@ -574,8 +572,8 @@ func BenchmarkClassicLoopback(b *testing.B) {
 				n++
 			}
 			elapsed := time.Since(start)
-			var dropsAfter uint32
-			if err := control(server, func(fd int) (err error) { dropsAfter, err = socketDrops(fd); return }); err != nil {
+			dropsAfter, err := loadgen.Drops(server)
+			if err != nil {
 				b.Fatal(err)
 			}
 			wantDrops := 0

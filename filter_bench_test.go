@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,19 +82,15 @@ func BenchmarkFilterTestRun(b *testing.B) {
 func BenchmarkFilterLiveSocket(b *testing.B) {
 	for _, name := range []string{"rrl", "trivial"} {
 		b.Run(name, func(b *testing.B) {
-			requireBPF(b)
-			srv := newUDPServer(b, "udp4", "127.0.0.1:0")
+			var srv *udpServer
 			var prog *ebpf.Program
 			if name == "rrl" {
-				cfg := NewConfig()
-				cfg.SetValue("requests-per-second", "100")
-				f, err := Attach(srv.conn, cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer f.Close()
+				var f *Filter
+				srv, f = attachLive(b, "100")
 				prog = f.objs.Program
 			} else {
+				requireBPF(b)
+				srv = newUDPServer(b, "udp4", "127.0.0.1:0")
 				prog = passOnlyProgram(b)
 				attachProgram(b, srv, prog)
 			}
@@ -150,16 +147,11 @@ func BenchmarkReceiveThroughput(b *testing.B) {
 			name = "filter"
 		}
 		b.Run(name, func(b *testing.B) {
-			srv := newUDPServer(b, "udp4", "127.0.0.1:0")
+			var srv *udpServer
 			if attach {
-				requireBPF(b)
-				cfg := NewConfig()
-				cfg.SetValue("requests-per-second", "10000000")
-				f, err := Attach(srv.conn, cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer f.Close()
+				srv, _ = attachLive(b, "10000000")
+			} else {
+				srv = newUDPServer(b, "udp4", "127.0.0.1:0")
 			}
 			op := pingPong(b, srv)
 			for b.Loop() {
@@ -215,16 +207,9 @@ func sumLimited(st FilterStats) uint64 {
 func BenchmarkReceiveThroughputRatio(b *testing.B) {
 	requireBPF(b)
 	plain := newUDPServer(b, "udp4", "127.0.0.1:0")
-	filtered := newUDPServer(b, "udp4", "127.0.0.1:0")
+	filtered, _ := attachLive(b, "10000000")
 	passOnly := newUDPServer(b, "udp4", "127.0.0.1:0")
 	floor := newUDPServer(b, "udp4", "127.0.0.1:0")
-	cfg := NewConfig()
-	cfg.SetValue("requests-per-second", "10000000")
-	f, err := Attach(filtered.conn, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
 	attachProgram(b, passOnly, passOnlyProgram(b))
 	attachProgram(b, floor, floorProgram(b))
 	const block = 256
@@ -255,7 +240,7 @@ func BenchmarkReceiveThroughputRatio(b *testing.B) {
 // attachProgram attaches prog to srv's socket.
 func attachProgram(b *testing.B, srv *udpServer, prog *ebpf.Program) {
 	b.Helper()
-	err := control(srv.conn, func(fd int) error {
+	err := sockopt.Control(srv.conn, func(fd int) error {
 		return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ATTACH_BPF, prog.FD())
 	})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dnsrake/rrl/internal/loadgen"
 	"golang.org/x/sys/unix"
 )
 
@@ -16,8 +17,8 @@ import (
 func TestFilterFootprint(t *testing.T) {
 	requireBPF(t)
 	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
-	var before [unix.SK_MEMINFO_VARS]uint32
-	if err := control(srv.conn, func(fd int) (err error) { before, err = socketMeminfo(fd); return }); err != nil {
+	before, err := loadgen.Meminfo(srv.conn)
+	if err != nil {
 		t.Fatal(err)
 	}
 	f, err := Attach(srv.conn, NewConfig())
@@ -25,8 +26,8 @@ func TestFilterFootprint(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var after [unix.SK_MEMINFO_VARS]uint32
-	if err := control(srv.conn, func(fd int) (err error) { after, err = socketMeminfo(fd); return }); err != nil {
+	after, err := loadgen.Meminfo(srv.conn)
+	if err != nil {
 		t.Fatal(err)
 	}
 	optmem := int(after[unix.SK_MEMINFO_OPTMEM]) - int(before[unix.SK_MEMINFO_OPTMEM])

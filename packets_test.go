@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl/internal/loadgen"
-	"golang.org/x/sys/unix"
 )
 
 // Thin test wrappers over internal/loadgen.
@@ -44,16 +43,11 @@ type udpServer struct {
 
 func newUDPServer(t testing.TB, network, addr string) *udpServer {
 	t.Helper()
-	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+	conn, err := loadgen.Listen(network, netip.MustParseAddrPort(addr))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	// A queue deep enough that the reader never loses packets to buffer overflow,
-	// which would look like limiting.
-	control(conn, func(fd int) error {
-		return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20)
-	})
 	return &udpServer{conn: conn, addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}
 }
 

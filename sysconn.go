@@ -5,30 +5,15 @@ package rrl
 import (
 	"fmt"
 	"syscall"
-	"unsafe"
 
+	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
-// Raw socket access for the filters. Every socket option call goes through control,
-// which hands the descriptor to a function returning an error and returns that error,
-// so call sites never capture an error variable from inside a closure.
-
-// control runs fn on conn's file descriptor and returns fn's error, or the error of
-// reaching the descriptor (for example when conn is closed). The descriptor is valid
-// only while fn runs: fn must not keep it.
-func control(conn syscall.Conn, fn func(fd int) error) error {
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var fnErr error
-	if err := raw.Control(func(fd uintptr) { fnErr = fn(int(fd)) }); err != nil {
-		return err
-	}
-	return fnErr
-}
+// Raw socket access for the filters. Every socket option call goes through
+// sockopt.Control, which hands the descriptor to a function returning an error and
+// returns that error.
 
 // socketDomain returns the address family of the socket (unix.AF_INET or
 // unix.AF_INET6). An AF_INET6 socket may also receive IPv4 packets: see socketV6Only.
@@ -67,35 +52,6 @@ func checkUDPSocket(fd int) error {
 	return nil
 }
 
-// socketDrops returns the number of packets the kernel dropped on their way into the
-// socket: those a socket filter refused and those that found the receive buffer
-// full (SK_MEMINFO_DROPS of SO_MEMINFO). Tests use it to tell when every packet sent
-// has been either delivered or dropped, without waiting for a timeout.
-func socketDrops(fd int) (uint32, error) {
-	info, err := socketMeminfo(fd)
-	if err != nil {
-		return 0, err
-	}
-	return info[unix.SK_MEMINFO_DROPS], nil
-}
-
-// socketMeminfo returns the socket's memory counters (SO_MEMINFO), indexed by
-// unix.SK_MEMINFO_*.
-func socketMeminfo(fd int) ([unix.SK_MEMINFO_VARS]uint32, error) {
-	var info [unix.SK_MEMINFO_VARS]uint32
-	size := uint32(unsafe.Sizeof(info))
-	// x/sys/unix has no getsockopt for an array of integers.
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET,
-		unix.SO_MEMINFO, uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&size)), 0)
-	if errno != 0 {
-		return info, errno
-	}
-	if size <= unix.SK_MEMINFO_DROPS*4 {
-		return info, fmt.Errorf("SO_MEMINFO returned %d bytes, no drop counter", size)
-	}
-	return info, nil
-}
-
 // attachClassic attaches the prefilter for cfg to conn, a UDP socket, replacing any
 // socket filter it had (classic or eBPF). No privilege is needed. Datagrams queued
 // before the call are not filtered: attach before the server starts reading.
@@ -118,7 +74,7 @@ func attachRawFilter(conn syscall.Conn, prog []bpf.RawInstruction, op string) er
 		filter[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
 	}
 	fprog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
-	return control(conn, func(fd int) error {
+	return sockopt.Control(conn, func(fd int) error {
 		if err := checkUDPSocket(fd); err != nil {
 			return fmt.Errorf("%s: %w", op, err)
 		}
@@ -131,7 +87,7 @@ func attachRawFilter(conn syscall.Conn, prog []bpf.RawInstruction, op string) er
 // SO_DETACH_BPF are the same option). A socket without a filter gives an error
 // matching unix.ENOENT.
 func detachFilter(conn syscall.Conn) error {
-	return control(conn, func(fd int) error {
+	return sockopt.Control(conn, func(fd int) error {
 		err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DETACH_FILTER, 0)
 		return sockoptError("detach filter", err)
 	})

@@ -7,13 +7,10 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/dnsrake/rrl"
 	"github.com/dnsrake/rrl/internal/loadgen"
-	"golang.org/x/sys/unix"
 )
 
 // Traffic groups, carried in the top bits of every query's DNS ID so that the
@@ -106,61 +103,10 @@ type server struct {
 }
 
 func listen(v6 bool) (*net.UDPConn, error) {
-	network, addr := "udp4", "127.0.0.1:0"
 	if v6 {
-		network, addr = "udp6", "[::1]:0"
+		return loadgen.Listen("udp6", netip.MustParseAddrPort("[::1]:0"))
 	}
-	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
-	if err != nil {
-		return nil, err
-	}
-	// A queue deep enough that the reader never loses a datagram to overflow, which
-	// would look like limiting: 32 MiB with CAP_NET_ADMIN, else what rmem_max allows.
-	err = control(conn, func(fd int) error {
-		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20) == nil {
-			return nil
-		}
-		return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 32<<20)
-	})
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return conn, nil
-}
-
-func control(c syscall.Conn, fn func(fd int) error) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
-		return err
-	}
-	return ferr
-}
-
-// socketDrops returns the datagrams the kernel dropped on arrival at conn: refused
-// by its filter or lost to a full receive queue (SO_MEMINFO's SK_MEMINFO_DROPS).
-func socketDrops(conn *net.UDPConn) (uint64, error) {
-	const skMeminfoDrops = 8
-	var drops uint64
-	err := control(conn, func(fd int) error {
-		var info [16]uint32
-		size := uint32(unsafe.Sizeof(info))
-		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_MEMINFO,
-			uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&size)), 0)
-		if errno != 0 {
-			return fmt.Errorf("SO_MEMINFO: %w", errno)
-		}
-		if size < 4*(skMeminfoDrops+1) {
-			return fmt.Errorf("SO_MEMINFO: %d bytes", size)
-		}
-		drops = uint64(info[skMeminfoDrops])
-		return nil
-	})
-	return drops, err
+	return loadgen.Listen("udp4", netip.MustParseAddrPort("127.0.0.1:0"))
 }
 
 // receive reads until stop is closed and then nothing arrives for quiet.
@@ -343,7 +289,7 @@ func (e *env) run(sc scenario, newLimiter func(*rrl.Config) (goLimiter, error)) 
 			add(&groups[flowGroup[fi]].Offered, t)
 		}
 	}
-	drops, err := socketDrops(srv.conn)
+	drops, err := loadgen.Drops(srv.conn)
 	if err != nil {
 		return nil, err
 	}
@@ -351,7 +297,7 @@ func (e *env) run(sc scenario, newLimiter func(*rrl.Config) (goLimiter, error)) 
 	if err != nil {
 		return nil, err
 	}
-	return measure(sc, e, pl, mode, groups, srv, st, drops), nil
+	return measure(sc, e, pl, mode, groups, srv, st, uint64(drops)), nil
 }
 
 var errInterrupted = errors.New("interrupted")
