@@ -288,9 +288,12 @@ func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	err = f.attachEBPF(conn)
-	f.mu.Unlock()
+	id, err := identify(conn)
+	if err == nil {
+		f.mu.Lock()
+		err = f.attachEBPF(conn, id)
+		f.mu.Unlock()
+	}
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -387,6 +390,9 @@ func OpenPinned(pinDir string) (*Filter, error) {
 // read from the pins, so it includes changes other processes made (rrlctl set), and
 // this Filter's Stats then reports the limits in force.
 func (f *Filter) Config() *Config {
+	if f == nil {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.pin != nil && f.pin.config != nil {
@@ -403,7 +409,7 @@ func (f *Filter) Config() *Config {
 
 // PinDir returns the pin directory a filter was opened from ("" when it was not).
 func (f *Filter) PinDir() string {
-	if f.pin == nil {
+	if f == nil || f.pin == nil {
 		return ""
 	}
 	return f.pin.dir
@@ -552,6 +558,9 @@ func parseKernelRelease(rel string) (major, minor int, ok bool) {
 // row, heaviest first within each level; levels in lattice order. The heaviest group
 // of a level sends at most the smaller of its two rows' heaviest rates.
 func (f *Filter) HeavyCells(n int) ([]SketchCell, error) {
+	if f == nil {
+		return nil, ErrClosed
+	}
 	s, cells, now, err := f.readSketches()
 	if err != nil {
 		return nil, err
@@ -598,6 +607,9 @@ func cmpRate(a, b float64) int {
 // at the active levels of its family, then the port and total levels: the same
 // numbers the filter compares with the limits for src's next packet.
 func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
+	if f == nil {
+		return nil, ErrClosed
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, now, err := f.readSettings()
