@@ -42,7 +42,7 @@ type Filter struct {
 	seed    uint64
 	objs    *kernelObjects
 	sockets []attachedSocket // sockets attached, checked against socketOwners
-	pin     *pinState // opened from pins (pin.go): Close leaves the pins in place
+	pin     *pinState        // opened from pins (pin.go): Close leaves the pins in place
 }
 
 // kernelObjects are the program and maps production loads: test-only programs and
