@@ -226,8 +226,21 @@ func (p *Protection) Cookies() *Cookies { return p.cookies }
 func (p *Protection) UDPServer() *dns.Server { return p.udpServer(p.udp[0]) }
 
 func (p *Protection) udpServer(conn *net.UDPConn) *dns.Server {
-	return &dns.Server{PacketConn: conn, Handler: p.handler}
+	srv := &dns.Server{PacketConn: conn, Handler: p.handler}
+	if p.limiter != nil {
+		// The Go request limiter drops a flood's excess in the server's reader, before
+		// the packet is unpacked or given a goroutine; the Handler then skips it.
+		srv.DecorateReader = limitReaderCounted(p.limiter, p.handler)
+		srv.Handler = readerLimited{p.handler}
+	}
+	return srv
 }
+
+// readerLimited serves queries that a LimitReader already held to the request
+// limits.
+type readerLimited struct{ h *Handler }
+
+func (r readerLimited) ServeDNS(w dns.ResponseWriter, req *dns.Msg) { r.h.serve(w, req, nil) }
 
 // AddUDP protects another UDP socket with the same limits (another member of a
 // SO_REUSEPORT group, or the other address family) and returns its dns.Server.
