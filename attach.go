@@ -188,7 +188,8 @@ func (f *Filter) Attach(conn syscall.Conn) error {
 // configuration, which Config still returns; every packet is judged either wholly
 // by the previous configuration or wholly by cfg. Updates of one Filter, and of
 // Filters in one process, are serialised; Updates of the same pins from two
-// processes at the same moment are not, and one of them may fail.
+// processes are not, and must not overlap: the later one then fails, and the
+// configuration in force may hold parts of both until the next Update.
 func (f *Filter) Update(cfg *Config) error {
 	if cfg == nil {
 		cfg = NewConfig()

@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -529,5 +530,33 @@ func TestLimiterNodeText(t *testing.T) {
 		if err := json.Unmarshal(b, &back); err != nil || back.Node != c.node || !strings.Contains(string(b), `"node":"`+c.text+`"`) {
 			t.Errorf("%s: JSON %s read back as %v, %v", c.node, b, back.Node, err)
 		}
+	}
+}
+
+// TestApplyNoticesConcurrentFlip: when the header moved while apply wrote its slot
+// (another process updating the same pins), apply fails and does not flip over the
+// other writer's configuration.
+func TestApplyNoticesConcurrentFlip(t *testing.T) {
+	objs := loadTestObjects(t)
+	m := objs.settingsMaps()
+	a, b := slotConfigs(t)
+	if err := m.apply(a, 7, nil); err != nil {
+		t.Fatal(err)
+	}
+	var theirs *filterSettings
+	err := m.apply(b, 7, func(slot uint8) error {
+		// The other process flips to the slot this one is writing.
+		h, err := m.header()
+		if err != nil {
+			return err
+		}
+		theirs = &filterSettings{LayoutVersion: layoutVersion, Slot: slot, Generation: h.Generation + 1, FlippedNs: uint64(monotonicNow())}
+		return objs.Settings.Put(uint32(settingsHeaderKey), theirs)
+	})
+	if !errors.Is(err, errConcurrentUpdate) {
+		t.Fatalf("apply over a concurrent flip: %v, want errConcurrentUpdate", err)
+	}
+	if h, err := m.header(); err != nil || !reflect.DeepEqual(h, theirs) {
+		t.Errorf("header %+v (%v), want the other writer's %+v", h, err, theirs)
 	}
 }
