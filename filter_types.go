@@ -30,6 +30,11 @@ var (
 	// (ENOMEM from SO_ATTACH_FILTER or SO_ATTACH_BPF).
 	ErrOptMem = errors.New("socket option memory exhausted")
 
+	// ErrLoadFailed: the kernel could not load or attach the eBPF program for a reason
+	// other than privilege, option memory or a missing kernel feature (a verifier
+	// rejection, a map that could not be created); the message has the kernel's words.
+	ErrLoadFailed = errors.New("eBPF filter failed to load")
+
 	// ErrClosed: the Filter has been closed.
 	ErrClosed = errors.New("filter closed")
 

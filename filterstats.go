@@ -9,6 +9,9 @@ import (
 // Stats returns the filter's counters. In ModeClassic the classic prefilter keeps no
 // counters and only Mode is set.
 func (f *Filter) Stats() (FilterStats, error) {
+	if f == nil {
+		return FilterStats{}, nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st := FilterStats{Mode: f.mode}

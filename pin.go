@@ -292,9 +292,12 @@ func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	err = f.attachEBPF(conn)
-	f.mu.Unlock()
+	id, err := identify(conn)
+	if err == nil {
+		f.mu.Lock()
+		err = f.attachEBPF(conn, id)
+		f.mu.Unlock()
+	}
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -406,6 +409,9 @@ func (p *pinState) readConfig(objs *kernelObjects) (*filterSettings, *Config, er
 // read from the pins, stored next to the settings the kernel runs, so it includes
 // changes other processes made (rrlctl set).
 func (f *Filter) Config() *Config {
+	if f == nil {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.pin != nil && f.pin.config != nil && f.objs != nil {
@@ -420,7 +426,7 @@ func (f *Filter) Config() *Config {
 
 // PinDir returns the pin directory a filter was opened from ("" when it was not).
 func (f *Filter) PinDir() string {
-	if f.pin == nil {
+	if f == nil || f.pin == nil {
 		return ""
 	}
 	return f.pin.dir
@@ -575,6 +581,9 @@ func parseKernelRelease(rel string) (major, minor int, ok bool) {
 // row, heaviest first within each level; levels in lattice order. The heaviest group
 // of a level sends at most the smaller of its two rows' heaviest rates.
 func (f *Filter) HeavyCells(n int) ([]SketchCell, error) {
+	if f == nil {
+		return nil, ErrClosed
+	}
 	s, cells, now, err := f.readSketches()
 	if err != nil {
 		return nil, err
@@ -621,6 +630,9 @@ func cmpRate(a, b float64) int {
 // at the active levels of its family, then the port and total levels: the same
 // numbers the filter compares with the limits for src's next packet.
 func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
+	if f == nil {
+		return nil, ErrClosed
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, now, err := f.readSettings()
