@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"net/netip"
 	"sync"
 	"syscall"
 
@@ -23,7 +22,7 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 5
+const layoutVersion = 6
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -31,8 +30,9 @@ const layoutVersion = 5
 // sketches, so the sockets of a SO_REUSEPORT group hold one limit together.
 //
 // Its maps take about 800 KiB of kernel memory whatever the traffic: the sketches
-// (768 KiB), the settings (8.3 KiB, mostly the reflection-port bitmap), per-CPU
-// counters and two small exempt-prefix tries.
+// (768 KiB), the settings (three entries of 8.3 KiB, mostly the reflection-port
+// bitmap: a header and two slots, see settings.go), per-CPU counters (1.4 KiB per
+// CPU) and two small exempt-prefix tries.
 //
 // A Filter is safe for concurrent use.
 type Filter struct {
@@ -242,7 +242,13 @@ func (f *Filter) Attach(conn syscall.Conn) error {
 
 // Update applies cfg to the running filter without losing its sketches: limits,
 // levels, report-only, exempt-clients and reflection ports change at once for every
-// attached socket.
+// attached socket. For the eBPF filter it is all or nothing: cfg is checked before
+// anything is written, and on any error the filter keeps running its previous
+// configuration, which Config still returns; every packet is judged either wholly
+// by the previous configuration or wholly by cfg. Updates of one Filter, and of
+// Filters in one process, are serialised; Updates of the same pins from two
+// processes are not, and must not overlap: the later one then fails, and the
+// configuration in force may hold parts of both until the next Update.
 func (f *Filter) Update(cfg *Config) error {
 	if f == nil {
 		return ErrClosed
@@ -413,6 +419,9 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 		if lat.limit[nodeTotal] != 0 {
 			steps = append(steps, lat.step(nodeTotal))
 		}
+		for i := range steps {
+			steps[i].Limited = limitedCounter(steps[i].limiterNode())
+		}
 		s.Steps[fam] = uint32(copy(s.Step[fam][:], steps))
 	}
 	for _, p := range cfg.exempt {
@@ -440,66 +449,23 @@ var coarseTick = sync.OnceValue(func() uint64 {
 	return uint64(res.Nano())
 })
 
+// writeSettings makes cfg the configuration the kernel runs (settings.go): it checks
+// everything first, and leaves the previous configuration in force on any error.
 func (f *Filter) writeSettings(cfg *Config) error {
+	if err := checkKernelConfig(cfg); err != nil {
+		return err
+	}
+	var beforeFlip func(slot uint8) error
 	if f.pin != nil {
 		if err := f.pin.checkWritable(); err != nil {
 			return err
 		}
-	}
-	if err := f.objs.Settings.Put(uint32(0), kernelSettings(cfg, f.seed)); err != nil {
-		return fmt.Errorf("rrl: write settings: %w", err)
-	}
-	if err := replaceExempt(f.objs.Exempt4, f.objs.Exempt6, cfg.exempt); err != nil {
-		return fmt.Errorf("rrl: write exempt-clients: %w", err)
-	}
-	if f.pin != nil {
-		return f.pin.saveConfig(cfg)
-	}
-	return nil
-}
-
-// replaceExempt makes the exempt tries hold exactly prefixes.
-func replaceExempt(m4, m6 *ebpf.Map, prefixes []netip.Prefix) error {
-	want4 := map[filterExempt4Key]bool{}
-	want6 := map[filterExempt6Key]bool{}
-	for _, p := range prefixes {
-		if p.Addr().Is4() {
-			want4[filterExempt4Key{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}] = true
-		} else {
-			want6[filterExempt6Key{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}] = true
-		}
-	}
-	if len(want4) > int(m4.MaxEntries()) || len(want6) > int(m6.MaxEntries()) {
-		return fmt.Errorf("more than %d exempt prefixes per family", m4.MaxEntries())
-	}
-	if err := syncTrie(m4, want4); err != nil {
-		return err
-	}
-	return syncTrie(m6, want6)
-}
-
-func syncTrie[K comparable](m *ebpf.Map, want map[K]bool) error {
-	var k K
-	var stale []K
-	var v uint8
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if !want[k] {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		text, err := configValue(cfg, f.pin.flags)
+		if err != nil {
 			return err
 		}
+		// The Config text has a slot of its own next to each settings slot.
+		beforeFlip = func(slot uint8) error { return f.pin.saveConfig(slot, text) }
 	}
-	for k := range want {
-		if err := m.Put(k, uint8(1)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return f.objs.settingsMaps().apply(cfg, f.seed, beforeFlip)
 }
