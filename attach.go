@@ -265,15 +265,34 @@ func (f *Filter) Update(cfg *Config) error {
 			return err
 		}
 	case ModeClassic:
-		for _, s := range f.ownedSockets() {
-			if err := applyClassic(s.conn, cfg); err != nil && !isClosedSocket(err) {
-				return err
-			}
+		if err := f.updateClassic(cfg); err != nil {
+			return err
 		}
 	default:
 		return ErrClosed
 	}
 	f.cfg = cfg
+	return nil
+}
+
+// updateClassic puts the classic prefilter for cfg on every socket f owns, all or
+// nothing: the program is built before any socket is touched, and a socket that
+// refuses it puts the sockets already changed back to f.cfg's program.
+func (f *Filter) updateClassic(cfg *Config) error {
+	if _, err := classicProgram(cfg); err != nil {
+		return fmt.Errorf("rrl: update classic filter: %w", err)
+	}
+	owned := f.ownedSockets()
+	for i, s := range owned {
+		err := applyClassic(s.conn, cfg)
+		if err == nil || isClosedSocket(err) {
+			continue
+		}
+		for _, done := range owned[:i] {
+			applyClassic(done.conn, f.cfg) // it took this program before
+		}
+		return err
+	}
 	return nil
 }
 

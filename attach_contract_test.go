@@ -237,3 +237,41 @@ func TestNilFilter(t *testing.T) {
 	}
 	defer g.Close()
 }
+
+// TestClassicUpdateAllOrNothing: when one socket of a classic Filter refuses the new
+// program (its filter is locked), the sockets already changed get the old one back.
+func TestClassicUpdateAllOrNothing(t *testing.T) {
+	requireBPF(t)
+	failLoad(t, errors.New("injected"))
+	first := newUDPServer(t, "udp4", "127.0.0.1:0")
+	second := newUDPServer(t, "udp4", "127.0.0.1:0")
+	f, _ := Attach(first.conn, NewConfig())
+	if f.Mode() != ModeClassic {
+		t.Fatalf("mode %v", f.Mode())
+	}
+	defer f.Close()
+	if err := f.Attach(second.conn); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := second.conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_LOCK_FILTER, 1) })
+	if err != nil {
+		t.Fatalf("lock filter: %v", err)
+	}
+	cfg := NewConfig()
+	cfg.SetValue("reflection-ports", "")
+	if err := f.Update(cfg); !errors.Is(err, ErrNotPermitted) {
+		t.Fatalf("Update with a locked socket: %v, want ErrNotPermitted", err)
+	}
+	// The first socket still drops queries from NTP's port, as the old program does.
+	expectDelivery(t, first, first.addr, []deliveryCase{
+		{"from port 123", netip.MustParseAddrPort("127.0.8.3:123"), nil, dnsQuery(3, false), false},
+		{"query", netip.MustParseAddrPort("127.0.8.4:40000"), nil, dnsQuery(4, false), true},
+	})
+	if got := f.Config().Values(); fmt.Sprint(got) != fmt.Sprint(NewConfig().Values()) {
+		t.Errorf("Config after the failed Update: %v", got)
+	}
+}
