@@ -22,17 +22,18 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 6
+const layoutVersion = 7
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
 // (ModeClassic). Every socket attached through one Filter shares its limits and
 // sketches, so the sockets of a SO_REUSEPORT group hold one limit together.
 //
-// Its maps take about 800 KiB of kernel memory whatever the traffic: the sketches
+// Its maps take about 1.3 MiB of kernel memory whatever the traffic: the sketches
 // (768 KiB), the settings (three entries of 8.3 KiB, mostly the reflection-port
-// bitmap: a header and two slots, see settings.go), per-CPU counters (1.4 KiB per
-// CPU) and two small exempt-prefix tries.
+// bitmap: a header and two slots, see settings.go), the limited groups (an LRU hash
+// of 4096 entries, about 450 KiB preallocated, see LimitedGroups), per-CPU counters
+// (1.4 KiB per CPU) and two small exempt-prefix tries.
 //
 // A Filter is safe for concurrent use.
 type Filter struct {
@@ -54,11 +55,12 @@ type kernelObjects struct {
 	Counters *ebpf.Map     `ebpf:"rrl_counters"`
 	Exempt4  *ebpf.Map     `ebpf:"rrl_exempt4"`
 	Exempt6  *ebpf.Map     `ebpf:"rrl_exempt6"`
+	Limited  *ebpf.Map     `ebpf:"rrl_limited"`
 }
 
 func (o *kernelObjects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6} {
+	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Limited} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}

@@ -29,7 +29,7 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-#define LAYOUT_VERSION 6
+#define LAYOUT_VERSION 7
 
 #define MAX_LEVELS 5
 #define NODE_IPV4_FIRST 0
@@ -54,6 +54,11 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define DECAY_SCALE 90071993ULL
 #define DECAY_HORIZON (32 * HALF_LIFE_NS)
 #define RATE_SCALE 14885222359ULL
+
+// The limited-groups map (rrl_limited) keeps this many groups, least recently
+// recorded out first; a drop is recorded with probability 1 / LIMITED_SAMPLE.
+#define LIMITED_GROUPS 4096
+#define LIMITED_SAMPLE 4
 
 #define FP_ONE (1ULL << 32)
 #define FP_HALF (1ULL << 31)
@@ -172,6 +177,38 @@ struct {
 	__type(key, __u32);
 	__type(value, struct counters);
 } rrl_counters SEC(".maps");
+
+// A source group the request limiter refused packets of: the decider's key as the
+// lattice loop computes it (the masked address; the source port in lo for the port
+// node; zeros for the total node) and its limited counter, which names the level
+// whatever node index it uses.
+struct limited_key {
+	__u64 hi;
+	__u64 lo;
+	__u32 limited;
+	__u32 pad;
+};
+
+// What the program knows about a limited group: sampled drops (each one stands for
+// LIMITED_SAMPLE), the clock of the first and last recorded drop, and at the last one
+// the deciding node's estimate (the smaller cell count, read with cellRate) and limit.
+struct limited_value {
+	__u64 drops;
+	__u64 first;
+	__u64 last;
+	__u64 count;
+	__u64 limit;
+};
+
+// The groups limited lately, for operators (Filter.LimitedGroups, rrlctl top): the
+// kernel evicts the least recently recorded group when it is full, so a flood of
+// spoofed sources can neither grow it nor fail a packet.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LIMITED_GROUPS);
+	__type(key, struct limited_key);
+	__type(value, struct limited_value);
+} rrl_limited SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -527,6 +564,23 @@ static __noinline int node_passes(struct judgement *j, fp_t min, fp_t limit)
 	return fp_mul_frac(arrival_rate(min), (fp_t)draw(j)) < limit;
 }
 
+// record_limited notes a sampled drop of group k in rrl_limited. A subprogram on the
+// drop path only: passed packets never reach it. Concurrent records of one group may
+// interleave their fields; drops is added atomically, the rest is for display.
+static __noinline void record_limited(struct limited_key *k, fp_t min, fp_t limit, __u64 now)
+{
+	struct limited_value *v = bpf_map_lookup_elem(&rrl_limited, k);
+	if (v) {
+		__sync_fetch_and_add(&v->drops, 1);
+		v->last = now;
+		v->count = min;
+		v->limit = limit;
+		return;
+	}
+	struct limited_value nv = {.drops = 1, .first = now, .last = now, .count = min, .limit = limit};
+	bpf_map_update_elem(&rrl_limited, k, &nv, BPF_NOEXIST);
+}
+
 // node_count counts the packet in node's sketch, where its key hashes to h, and sets
 // *min to the smaller of its cells after the arrival (the estimate). It returns -1
 // when a cell cannot be looked up (an internal error), else 0.
@@ -600,7 +654,8 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 	__u32 fam = p.v4 & 1;
 	__u32 steps = s->steps[fam];
 	int refused = 0;
-	__u64 decider = 0;        // the refusing step's limited counter
+	struct limited_key decider = {}; // the refusing step's group and limited counter
+	fp_t decider_min = 0, decider_limit = 0;
 	// The hash's first round depends on the key's hi word only, which is 0 for
 	// IPv4 sources, the port and the total node, and the same for IPv6 levels of
 	// /64 and longer: it is computed again only when hi changes.
@@ -632,12 +687,20 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 		// count (the draw is below 1): the same verdict without the multiplies.
 		if (min >= st->trip && !refused && !node_passes(&j, min, st->limit)) {
 			refused = 1;
-			decider = st->limited;
+			decider.hi = hi;
+			decider.lo = lo;
+			decider.limited = st->limited;
+			decider_min = min;
+			decider_limit = st->limit;
 		}
 	}
 
 	if (refused) {
-		count_limited(c, decider);
+		count_limited(c, decider.limited);
+		// The draw refused the packet, so its high bits lean towards 1; its low
+		// bits are still uniform and pick one drop in LIMITED_SAMPLE to record.
+		if ((j.rnd & (LIMITED_SAMPLE - 1)) == 0)
+			record_limited(&decider, decider_min, decider_limit, now);
 		goto drop;
 	}
 	goto pass;

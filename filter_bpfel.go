@@ -42,6 +42,23 @@ type filterExempt6Key struct {
 	Pad       [3]uint8
 }
 
+type filterLimitedKey struct {
+	_       structs.HostLayout
+	Hi      uint64
+	Lo      uint64
+	Limited uint32
+	Pad     uint32
+}
+
+type filterLimitedValue struct {
+	_     structs.HostLayout
+	Drops uint64
+	First uint64
+	Last  uint64
+	Count uint64
+	Limit uint64
+}
+
 type filterSettings struct {
 	_                structs.HostLayout
 	LayoutVersion    uint32
@@ -100,6 +117,7 @@ const (
 	filterMapRrlCounters    = "rrl_counters"
 	filterMapRrlExempt4     = "rrl_exempt4"
 	filterMapRrlExempt6     = "rrl_exempt6"
+	filterMapRrlLimited     = "rrl_limited"
 	filterMapRrlSettings    = "rrl_settings"
 	filterMapRrlTestFp      = "rrl_test_fp"
 	filterMapRrlTestInput   = "rrl_test_input"
@@ -163,6 +181,7 @@ type filterMapSpecs struct {
 	RrlCounters  *ebpf.MapSpec `ebpf:"rrl_counters"`
 	RrlExempt4   *ebpf.MapSpec `ebpf:"rrl_exempt4"`
 	RrlExempt6   *ebpf.MapSpec `ebpf:"rrl_exempt6"`
+	RrlLimited   *ebpf.MapSpec `ebpf:"rrl_limited"`
 	RrlSettings  *ebpf.MapSpec `ebpf:"rrl_settings"`
 	RrlTestFp    *ebpf.MapSpec `ebpf:"rrl_test_fp"`
 	RrlTestInput *ebpf.MapSpec `ebpf:"rrl_test_input"`
@@ -198,6 +217,7 @@ type filterMaps struct {
 	RrlCounters  *ebpf.Map `ebpf:"rrl_counters"`
 	RrlExempt4   *ebpf.Map `ebpf:"rrl_exempt4"`
 	RrlExempt6   *ebpf.Map `ebpf:"rrl_exempt6"`
+	RrlLimited   *ebpf.Map `ebpf:"rrl_limited"`
 	RrlSettings  *ebpf.Map `ebpf:"rrl_settings"`
 	RrlTestFp    *ebpf.Map `ebpf:"rrl_test_fp"`
 	RrlTestInput *ebpf.Map `ebpf:"rrl_test_input"`
@@ -209,6 +229,7 @@ func (m *filterMaps) Close() error {
 		m.RrlCounters,
 		m.RrlExempt4,
 		m.RrlExempt6,
+		m.RrlLimited,
 		m.RrlSettings,
 		m.RrlTestFp,
 		m.RrlTestInput,

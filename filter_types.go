@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // The kernel filter's types and errors, on every platform. The filter itself needs
@@ -120,4 +121,17 @@ type GroupRate struct {
 	Port  uint16       `json:"port,omitempty"` // the source port, for the port level
 	Rate  float64      `json:"rate"`           // packets per second: the smaller of the group's cells, an upper bound
 	Limit float64      `json:"limit"`          // the level's limit per group
+}
+
+// LimitedGroup is a source group the kernel filter's request limiter has been
+// refusing packets of (Filter.LimitedGroups).
+type LimitedGroup struct {
+	Node    LimiterNode  `json:"node"`           // the level that refused them: the first over its limit, finest first
+	Group   netip.Prefix `json:"group"`          // the source prefix at that level (0.0.0.0/0 for port and total)
+	Port    uint16       `json:"port,omitempty"` // the source port, for the port level
+	Dropped uint64       `json:"dropped"`        // packets refused since First, estimated from a sample (report-only: would have been)
+	Rate    float64      `json:"rate"`           // packets per second now: the level's estimate for the group, an upper bound
+	Limit   float64      `json:"limit"`          // the level's limit per group
+	First   time.Time    `json:"first"`          // first recorded refusal since the group was last out of the record
+	Last    time.Time    `json:"last"`           // latest recorded refusal
 }

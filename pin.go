@@ -18,12 +18,13 @@ package rrl
 //	              entry per settings slot
 //	rrl_counters  per-CPU counters                      0440
 //	rrl_cells     the sketches                          0440
+//	rrl_limited   the groups limited lately             0440
 //
 // Every object is owned by the uid and gid given to LoadPinned, so that user (and
 // group) can attach, read statistics and the sketches, and reconfigure the filter
 // with Update; nobody else can open anything. Without a gid (-1) the group bits are
 // cleared: root's group gets nothing. Attaching needs only read access to the
-// program; counters and sketches are read-only even for the owner, as only the
+// program; counters, sketches and limited groups are read-only even for the owner, as only the
 // kernel program writes them. A directory LoadPinned
 // creates is mode 0711 and stays owned by its creator: anyone may traverse it, nobody
 // but root may list it or remove pins from it.
@@ -61,6 +62,7 @@ const (
 	pinConfig   = "rrl_config"
 	pinCounters = "rrl_counters"
 	pinCells    = "rrl_cells"
+	pinLimited  = "rrl_limited"
 )
 
 // pinModes are the file modes of the pins (see the top of this file).
@@ -72,10 +74,11 @@ var pinModes = map[string]os.FileMode{
 	pinConfig:   0o660,
 	pinCounters: 0o440,
 	pinCells:    0o440,
+	pinLimited:  0o440,
 }
 
 // pinOrder lists the pins in the order LoadPinned creates them.
-var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinConfig, pinProgram}
+var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinLimited, pinConfig, pinProgram}
 
 const (
 	// configValueSize bounds the stored Config text: room for 2,048 exempt prefixes
@@ -157,6 +160,7 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 	objects := map[string]interface{ Pin(string) error }{
 		pinProgram: objs.Program, pinSettings: objs.Settings, pinExempt4: objs.Exempt4,
 		pinExempt6: objs.Exempt6, pinConfig: cm, pinCounters: objs.Counters, pinCells: objs.Cells,
+		pinLimited: objs.Limited,
 	}
 	var pinned []string
 	defer func() {
@@ -337,6 +341,7 @@ func OpenPinned(pinDir string) (*Filter, error) {
 		{pinConfig, &ps.config, configMapSpec(), false},
 		{pinCounters, &objs.Counters, spec.Maps[pinCounters], true},
 		{pinCells, &objs.Cells, spec.Maps[pinCells], true},
+		{pinLimited, &objs.Limited, spec.Maps[pinLimited], true},
 	}
 	for _, m := range maps {
 		path := filepath.Join(pinDir, m.name)
