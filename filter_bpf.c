@@ -564,23 +564,6 @@ static __noinline int node_passes(struct judgement *j, fp_t min, fp_t limit)
 	return fp_mul_frac(arrival_rate(min), (fp_t)draw(j)) < limit;
 }
 
-// record_limited notes a sampled drop of group k in rrl_limited. A subprogram on the
-// drop path only: passed packets never reach it. Concurrent records of one group may
-// interleave their fields; drops is added atomically, the rest is for display.
-static __noinline void record_limited(struct limited_key *k, fp_t min, fp_t limit, __u64 now)
-{
-	struct limited_value *v = bpf_map_lookup_elem(&rrl_limited, k);
-	if (v) {
-		__sync_fetch_and_add(&v->drops, 1);
-		v->last = now;
-		v->count = min;
-		v->limit = limit;
-		return;
-	}
-	struct limited_value nv = {.drops = 1, .first = now, .last = now, .count = min, .limit = limit};
-	bpf_map_update_elem(&rrl_limited, k, &nv, BPF_NOEXIST);
-}
-
 // node_count counts the packet in node's sketch, where its key hashes to h, and sets
 // *min to the smaller of its cells after the arrival (the estimate). It returns -1
 // when a cell cannot be looked up (an internal error), else 0.
@@ -598,6 +581,46 @@ static __always_inline int node_count(__u32 node, __u64 h, __u64 now, fp_t *min)
 			*min = c->count;
 	}
 	return 0;
+}
+
+// record_limited notes a sampled drop in rrl_limited: of the group of p that step st
+// keys, with st's estimate for it, read back from the cells the packet just counted
+// in (the lattice loop keeps only which step refused, so that passed packets pay
+// nothing for this). A subprogram on the drop path only. Concurrent records of one
+// group may interleave their fields; drops is added atomically, the rest is for
+// display.
+static __noinline void record_limited(const struct step *st, const struct packet *p,
+				      __u64 seed, __u64 now)
+{
+	struct limited_key k = {
+		.hi = p->hi & st->mask_hi,
+		.lo = (p->lo & st->mask_lo) | (p->sport & st->port_mask),
+		.limited = st->limited,
+	};
+	__u32 node = st->node;
+	if (node >= NUM_NODES)
+		return;
+	__u64 h = sketch_hash(seed, k.hi, k.lo);
+	fp_t min = FP_MAX;
+	for (__u32 row = 0; row < SKETCH_DEPTH; row++) {
+		__u32 idx = (node * SKETCH_DEPTH + row) * SKETCH_WIDTH +
+			    ((__u32)(h >> (16 * row)) & (SKETCH_WIDTH - 1));
+		struct cell *c = bpf_map_lookup_elem(&rrl_cells, &idx);
+		if (!c)
+			return;
+		if (c->count < min)
+			min = c->count;
+	}
+	struct limited_value *v = bpf_map_lookup_elem(&rrl_limited, &k);
+	if (v) {
+		__sync_fetch_and_add(&v->drops, 1);
+		v->last = now;
+		v->count = min;
+		v->limit = st->limit;
+		return;
+	}
+	struct limited_value nv = {.drops = 1, .first = now, .last = now, .count = min, .limit = st->limit};
+	bpf_map_update_elem(&rrl_limited, &k, &nv, BPF_NOEXIST);
 }
 
 // filter judges one packet with the settings s, counting in c (either may be NULL,
@@ -654,8 +677,7 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 	__u32 fam = p.v4 & 1;
 	__u32 steps = s->steps[fam];
 	int refused = 0;
-	struct limited_key decider = {}; // the refusing step's group and limited counter
-	fp_t decider_min = 0, decider_limit = 0;
+	__u32 decider = 0;        // the refusing step
 	// The hash's first round depends on the key's hi word only, which is 0 for
 	// IPv4 sources, the port and the total node, and the same for IPv6 levels of
 	// /64 and longer: it is computed again only when hi changes.
@@ -687,20 +709,20 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 		// count (the draw is below 1): the same verdict without the multiplies.
 		if (min >= st->trip && !refused && !node_passes(&j, min, st->limit)) {
 			refused = 1;
-			decider.hi = hi;
-			decider.lo = lo;
-			decider.limited = st->limited;
-			decider_min = min;
-			decider_limit = st->limit;
+			decider = i;
 		}
 	}
 
 	if (refused) {
-		count_limited(c, decider.limited);
-		// The draw refused the packet, so its high bits lean towards 1; its low
-		// bits are still uniform and pick one drop in LIMITED_SAMPLE to record.
-		if ((j.rnd & (LIMITED_SAMPLE - 1)) == 0)
-			record_limited(&decider, decider_min, decider_limit, now);
+		if (decider < MAX_STEPS) {
+			struct step *st = &s->step[fam][decider];
+			count_limited(c, st->limited);
+			// The draw refused the packet, so its high bits lean towards 1;
+			// its low bits are still uniform and pick one drop in
+			// LIMITED_SAMPLE to record.
+			if ((j.rnd & (LIMITED_SAMPLE - 1)) == 0)
+				record_limited(st, &p, s->seed, now);
+		}
 		goto drop;
 	}
 	goto pass;
