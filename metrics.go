@@ -36,6 +36,7 @@ import (
 //	                                            (in report-only mode: would have dropped)
 //	filter_limited_total{node}                  dropped by the request limiter, by level
 //	filter_limit_packets_per_second{node}       each level's limit
+//	filter_limited_groups{node}                 groups limited now (Filter.LimitedGroups), by level
 //	filter_exempt_total, filter_report_only_total, filter_errors_total
 //	limiter_packets_total{family}               packets the Go Limiter judged
 //	limiter_exempt_total                        exempt packets it passed uncounted
@@ -57,7 +58,7 @@ type Collector struct {
 
 	hResponses, hBadCookie, hExempt, hLimited, hCookies *prometheus.Desc
 
-	fMode, fPackets, fPassed, fNotDNS, fDropped, fLimited, fLimit, fExempt, fReportOnly, fErrors *prometheus.Desc
+	fMode, fPackets, fPassed, fNotDNS, fDropped, fLimited, fLimit, fGroups, fExempt, fReportOnly, fErrors *prometheus.Desc
 
 	lPackets, lExempt, lLimited, lLimit *prometheus.Desc
 
@@ -112,6 +113,7 @@ func NewCollector(namespace string, r *RRL, opts ...CollectorOption) *Collector 
 	c.fDropped = d("filter", "dropped_total", "Packets the kernel filter dropped (in report-only mode: would have dropped), by reason.", "reason")
 	c.fLimited = d("filter", "limited_total", "Packets the kernel request limiter refused, by level.", "node")
 	c.fLimit = d("filter", "limit_packets_per_second", "The kernel request limiter's limit per group, by level.", "node")
+	c.fGroups = d("filter", "limited_groups", "Source groups the kernel request limiter is limiting now (refused in the last few seconds), by level.", "node")
 	c.fExempt = d("filter", "exempt_total", "Packets from exempt clients.")
 	c.fReportOnly = d("filter", "report_only_total", "Packets passed only because of report-only.")
 	c.fErrors = d("filter", "errors_total", "Internal failures of the kernel filter (packets passed).")
@@ -142,7 +144,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.debits, c.actions, c.reportOnly, c.ipReasons, c.rtReasons, c.accounts, c.evictions,
 		c.hResponses, c.hBadCookie, c.hExempt, c.hLimited, c.hCookies,
-		c.fMode, c.fPackets, c.fPassed, c.fNotDNS, c.fDropped, c.fLimited, c.fLimit, c.fExempt, c.fReportOnly, c.fErrors,
+		c.fMode, c.fPackets, c.fPassed, c.fNotDNS, c.fDropped, c.fLimited, c.fLimit, c.fGroups, c.fExempt, c.fReportOnly, c.fErrors,
 		c.lPackets, c.lExempt, c.lLimited, c.lLimit,
 		c.tAccepted, c.tRefused, c.tOpen, c.tClients,
 	} {
@@ -238,6 +240,19 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 		counter(c.fLimited, float64(n.Limited), n.Node.String())
 		gauge(c.fLimit, n.Limit, n.Node.String())
 		limited += n.Limited
+	}
+	// One series per level with a counter: the node names are the only label
+	// values, however many groups are limited.
+	if groups, err := c.filter.LimitedGroups(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.fGroups, err)
+	} else {
+		perNode := map[LimiterNode]int{}
+		for _, g := range groups {
+			perNode[g.Node]++
+		}
+		for _, n := range st.Nodes {
+			gauge(c.fGroups, float64(perNode[n.Node]), n.Node.String())
+		}
 	}
 	counter(c.fDropped, float64(st.DroppedShort), "short")
 	counter(c.fDropped, float64(st.DroppedResponse), "response")

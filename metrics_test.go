@@ -241,6 +241,8 @@ func TestCollectorFilter(t *testing.T) {
 	for _, n := range st.Nodes {
 		want[`dns_filter_limited_total{node="`+n.Node.String()+`"}`] = float64(n.Limited)
 		want[`dns_filter_limit_packets_per_second{node="`+n.Node.String()+`"}`] = n.Limit
+		// The one client is limited at its address, and no other group anywhere.
+		want[`dns_filter_limited_groups{node="`+n.Node.String()+`"}`] = map[bool]float64{true: 1}[n.Node.String() == "ipv4/32"]
 		limited += n.Limited
 	}
 	want[`dns_filter_dropped_total{reason="limited"}`] = float64(limited)

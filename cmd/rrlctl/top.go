@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/dnsrake/rrl"
 )
@@ -12,8 +13,15 @@ import (
 var topCommand = &command{
 	name:    "top",
 	args:    "[-n 20] [-probe ADDR[:PORT],...] [-json]",
-	summary: "show the heaviest sketch cells, and estimates for given sources",
-	help: `Show what the request limiter's sketches currently hold, per level.
+	summary: "show the groups being limited, the heaviest sketch cells, and estimates for given sources",
+	help: `Show who the request limiter is limiting now, and what its sketches hold.
+
+The filter records the groups it refuses packets of (one refused packet in four,
+in a table of the 4096 groups recorded most recently): top lists those refused in
+the last five seconds by address, heaviest first: the level that refused them, the
+group (the source prefix at that level, the source port at the port level), its
+current rate and the level's limit, the packets refused since it was first
+recorded (estimated from the sample) and for how long.
 
 The filter keeps no table of sources: each level is a CountMin sketch of two rows
 of 2048 cells, and a source group adds its packets to one cell per row, chosen by
@@ -58,7 +66,14 @@ the same number it compares with the limit for that source's next packet.`,
 		if err != nil {
 			return err
 		}
-		rep := topReport{PinDir: c.pin, Levels: summarize(cells), Cells: []rrl.SketchCell{}, Probes: []probeJSON{}}
+		limited, err := f.LimitedGroups()
+		if err != nil {
+			return err
+		}
+		if limited == nil {
+			limited = []rrl.LimitedGroup{}
+		}
+		rep := topReport{PinDir: c.pin, Limited: limited, Levels: summarize(cells), Cells: []rrl.SketchCell{}, Probes: []probeJSON{}}
 		perRow := map[[2]any]int{}
 		for _, cell := range cells {
 			k := [2]any{cell.Node, cell.Row}
@@ -77,16 +92,17 @@ the same number it compares with the limit for that source's next packet.`,
 		if *asJSON {
 			return writeJSON(c.stdout, rep)
 		}
-		printTop(c, rep)
+		printTop(c, rep, time.Now())
 		return nil
 	},
 }
 
 type topReport struct {
-	PinDir string           `json:"pin_dir"`
-	Levels []levelTop       `json:"levels"`
-	Cells  []rrl.SketchCell `json:"cells"`
-	Probes []probeJSON      `json:"probes"`
+	PinDir  string             `json:"pin_dir"`
+	Limited []rrl.LimitedGroup `json:"limited"`
+	Levels  []levelTop         `json:"levels"`
+	Cells   []rrl.SketchCell   `json:"cells"`
+	Probes  []probeJSON        `json:"probes"`
 }
 
 // levelTop summarizes one level's sketch.
@@ -133,8 +149,19 @@ func summarize(cells []rrl.SketchCell) []levelTop {
 	return out
 }
 
-func printTop(c *cli, rep topReport) {
+func printTop(c *cli, rep topReport, now time.Time) {
 	w := c.stdout
+	if len(rep.Limited) == 0 {
+		fmt.Fprintf(w, "%s: no group limited in the last few seconds\n\n", rep.PinDir)
+	} else {
+		fmt.Fprintf(w, "%s: groups limited now; rates in packets/s, dropped estimated\n\n", rep.PinDir)
+		fmt.Fprintf(w, "  %-10s %-26s %12s %12s %12s %8s\n", "level", "group", "rate", "limit", "dropped", "for")
+		for _, g := range rep.Limited {
+			fmt.Fprintf(w, "  %-10s %-26s %12.1f %12.6g %12d %8s\n", g.Node, groupName(g.Node, g.Group, g.Port), g.Rate, g.Limit, g.Dropped,
+				now.Sub(g.First).Round(time.Second))
+		}
+		fmt.Fprintln(w)
+	}
 	if len(rep.Levels) == 0 {
 		fmt.Fprintf(w, "%s: the sketches are empty (no traffic lately, or requests-per-second 0)\n", rep.PinDir)
 	} else {
@@ -153,14 +180,18 @@ func printTop(c *cli, rep topReport) {
 	for _, p := range rep.Probes {
 		fmt.Fprintf(w, "\n  source %s\n  %-10s %-26s %12s %12s\n", p.Source, "level", "group", "rate", "limit")
 		for _, g := range p.Groups {
-			group := g.Group.String()
-			switch g.Node {
-			case rrl.NodePort:
-				group = fmt.Sprintf("source port %d", g.Port)
-			case rrl.NodeTotal:
-				group = "all sources"
-			}
-			fmt.Fprintf(w, "  %-10s %-26s %12.1f %12.6g\n", g.Node, group, g.Rate, g.Limit)
+			fmt.Fprintf(w, "  %-10s %-26s %12.1f %12.6g\n", g.Node, groupName(g.Node, g.Group, g.Port), g.Rate, g.Limit)
 		}
 	}
+}
+
+// groupName spells a source group: its prefix, or its port at the port level.
+func groupName(node rrl.LimiterNode, group netip.Prefix, port uint16) string {
+	switch node {
+	case rrl.NodePort:
+		return fmt.Sprintf("source port %d", port)
+	case rrl.NodeTotal:
+		return "all sources"
+	}
+	return group.String()
 }
