@@ -47,6 +47,10 @@ func TestFilterFootprint(t *testing.T) {
 		mapBytes += b
 		t.Logf("map %s: %d bytes", name, b)
 	}
+	// The limited-groups LRU hash is preallocated: its entries (and the kernel's
+	// per-entry overhead) come on top of the array maps.
+	lru := uint64(f.objs.Limited.KeySize()+f.objs.Limited.ValueSize()) * uint64(f.objs.Limited.MaxEntries())
+	t.Logf("map limited: %d entries, %d bytes of keys and values", f.objs.Limited.MaxEntries(), lru)
 	t.Logf("socket option memory for the filter: %d bytes; program: %d bytes translated, %d bytes JIT-compiled; array maps: %d bytes (plus per-CPU counters and the exempt tries)",
 		optmem, insns, jited, mapBytes)
 
