@@ -32,7 +32,7 @@ const layoutVersion = 7
 // Its maps take about 1.3 MiB of kernel memory whatever the traffic: the sketches
 // (768 KiB), the settings (three entries of 8.3 KiB, mostly the reflection-port
 // bitmap: a header and two slots, see settings.go), the limited groups (an LRU hash
-// of 4096 entries, about 450 KiB preallocated, see LimitedGroups), per-CPU counters
+// of 4096 entries, about 510 KiB preallocated, see LimitedGroups), per-CPU counters
 // (1.4 KiB per CPU) and two small exempt-prefix tries.
 //
 // A Filter is safe for concurrent use.
