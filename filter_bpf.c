@@ -58,7 +58,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 // The limited-groups map (rrl_limited) keeps this many groups, least recently
 // recorded out first; a drop is recorded with probability 1 / LIMITED_SAMPLE.
 #define LIMITED_GROUPS 4096
-#define LIMITED_SAMPLE 4
+#define LIMITED_SAMPLE 16
 
 #define FP_ONE (1ULL << 32)
 #define FP_HALF (1ULL << 31)
@@ -438,14 +438,12 @@ static __always_inline int parse_fast(struct __sk_buff *skb, struct packet *p)
 	return PARSE_NOT_DNS;
 }
 
-// parse is the general parser: IPv4 options, IPv6 extension headers, packets too
-// short for the single load of parse_fast.
-static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
+// parse_general is the general parser: IPv4 options, IPv6 extension headers,
+// packets too short for the single load of parse_fast. A subprogram: few packets need
+// it, and both parse's callers share it.
+static __noinline int parse_general(struct __sk_buff *skb, struct packet *p)
 {
 	__u32 off;
-	int fast = parse_fast(skb, p);
-	if (fast >= 0)
-		return fast;
 
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		struct iphdr ip;
@@ -505,6 +503,15 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 	return PARSE_OK;
 }
 
+// parse reads the packet's source and DNS header fields.
+static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
+{
+	int fast = parse_fast(skb, p);
+	if (fast >= 0)
+		return fast;
+	return parse_general(skb, p);
+}
+
 // ---- Decision ----
 
 static __always_inline void count(struct counters *c, __u32 which)
@@ -543,6 +550,7 @@ static __always_inline int is_exempt(struct settings *s, struct packet *p)
 // within every limit (all of them, without an attack) costs no random number.
 struct judgement {
 	const __u32 *test_rnd;  // the draw tests replay; NULL: bpf_get_prandom_u32
+	__u64 now;              // the packet's clock reading, for record_limited
 	__u32 rnd;
 	__u32 drawn;
 };
@@ -583,24 +591,43 @@ static __always_inline int node_count(__u32 node, __u64 h, __u64 now, fp_t *min)
 	return 0;
 }
 
-// record_limited notes a sampled drop in rrl_limited: of the group of p that step st
-// keys, with st's estimate for it, read back from the cells the packet just counted
-// in (the lattice loop keeps only which step refused, so that passed packets pay
-// nothing for this). A subprogram on the drop path only. Concurrent records of one
-// group may interleave their fields; drops is added atomically, the rest is for
-// display.
-static __noinline void record_limited(const struct step *st, const struct packet *p,
-				      __u64 seed, __u64 now)
+// record_limited notes a sampled drop in rrl_limited: of the packet's group at the
+// step whose limited counter is limited (the decider), with that step's estimate for
+// it, read back from the cells the packet was just counted in. A subprogram on the
+// drop path, which parses the packet again rather than have the lattice loop keep
+// the group: passed packets pay nothing for this. The draw refused the packet, so
+// its high bits lean towards 1; its low bits are still uniform and pick one drop in
+// LIMITED_SAMPLE to record. Concurrent records of one group may interleave their
+// fields; drops is added atomically, the rest is for display.
+static __noinline void record_limited(struct __sk_buff *skb, const struct settings *s, __u64 limited,
+				      const struct judgement *j)
 {
+	if (!j->drawn || (j->rnd & (LIMITED_SAMPLE - 1)))
+		return;
+	struct packet p = {};
+	if (parse(skb, &p) != PARSE_OK)
+		return;
+	__u32 fam = p.v4 & 1;
+	__u32 steps = s->steps[fam];
+	const struct step *st = NULL;
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < MAX_STEPS; i++) {
+		if (i >= steps)
+			break;
+		if (s->step[fam][i].limited == limited) {
+			st = &s->step[fam][i];
+			break;
+		}
+	}
+	if (!st || st->node >= NUM_NODES)
+		return;
 	struct limited_key k = {
-		.hi = p->hi & st->mask_hi,
-		.lo = (p->lo & st->mask_lo) | (p->sport & st->port_mask),
-		.limited = st->limited,
+		.hi = p.hi & st->mask_hi,
+		.lo = (p.lo & st->mask_lo) | (p.sport & st->port_mask),
+		.limited = limited,
 	};
 	__u32 node = st->node;
-	if (node >= NUM_NODES)
-		return;
-	__u64 h = sketch_hash(seed, k.hi, k.lo);
+	__u64 h = sketch_hash(s->seed, k.hi, k.lo);
 	fp_t min = FP_MAX;
 	for (__u32 row = 0; row < SKETCH_DEPTH; row++) {
 		__u32 idx = (node * SKETCH_DEPTH + row) * SKETCH_WIDTH +
@@ -611,6 +638,7 @@ static __noinline void record_limited(const struct step *st, const struct packet
 		if (c->count < min)
 			min = c->count;
 	}
+	__u64 now = j->now;
 	struct limited_value *v = bpf_map_lookup_elem(&rrl_limited, &k);
 	if (v) {
 		__sync_fetch_and_add(&v->drops, 1);
@@ -673,11 +701,11 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 	// The lattice: every active node of the packet counts it, then it passes only if
 	// every node lets it through for the one draw, which is probability
 	// min(limit/rate) over the nodes. The first node that refuses is the decider.
-	struct judgement j = {.test_rnd = test_rnd};
+	struct judgement j = {.test_rnd = test_rnd, .now = now};
 	__u32 fam = p.v4 & 1;
 	__u32 steps = s->steps[fam];
 	int refused = 0;
-	__u32 decider = 0;        // the refusing step
+	__u64 decider = 0;        // the refusing step's limited counter
 	// The hash's first round depends on the key's hi word only, which is 0 for
 	// IPv4 sources, the port and the total node, and the same for IPv6 levels of
 	// /64 and longer: it is computed again only when hi changes.
@@ -709,20 +737,13 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 		// count (the draw is below 1): the same verdict without the multiplies.
 		if (min >= st->trip && !refused && !node_passes(&j, min, st->limit)) {
 			refused = 1;
-			decider = i;
+			decider = st->limited;
 		}
 	}
 
 	if (refused) {
-		if (decider < MAX_STEPS) {
-			struct step *st = &s->step[fam][decider];
-			count_limited(c, st->limited);
-			// The draw refused the packet, so its high bits lean towards 1;
-			// its low bits are still uniform and pick one drop in
-			// LIMITED_SAMPLE to record.
-			if ((j.rnd & (LIMITED_SAMPLE - 1)) == 0)
-				record_limited(st, &p, s->seed, now);
-		}
+		count_limited(c, decider);
+		record_limited(skb, s, decider, &j);
 		goto drop;
 	}
 	goto pass;

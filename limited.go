@@ -23,12 +23,12 @@ import (
 const (
 	// limitedSample is LIMITED_SAMPLE in filter_bpf.c: one refused packet in
 	// limitedSample is recorded, so a recorded drop stands for limitedSample.
-	limitedSample = 4
+	limitedSample = 16
 	// limitedGroupsMax is LIMITED_GROUPS in filter_bpf.c.
 	limitedGroupsMax = 4096
 	// limitedFresh is how recent a group's last recorded drop must be for it to
 	// count as limited now. At one drop in limitedSample recorded, a group refused
-	// a packet a second or more is almost always recorded within it.
+	// five packets a second or more is almost always recorded within it.
 	limitedFresh = 5 * time.Second
 )
 
@@ -37,8 +37,8 @@ const (
 // recorded in the last five seconds. A group is the deciding level's prefix of the
 // source (the first level, finest first, that refused the packet), or the source port
 // for the port level, or all sources for the total level. The program records one
-// refused packet in four, chosen at random, so Dropped is an estimate and a group
-// refused less than about once a second may be missing; at most 4096 groups are kept,
+// refused packet in sixteen, chosen at random, so Dropped is an estimate and a group
+// refused less than a few times a second may be missing; at most 4096 groups are kept,
 // the least recently recorded leaving first. In report-only mode it lists the groups
 // the filter would limit. It works for pinned filters with read access to the pins.
 func (f *Filter) LimitedGroups() ([]LimitedGroup, error) {

@@ -16,14 +16,14 @@ var topCommand = &command{
 	summary: "show the groups being limited, the heaviest sketch cells, and estimates for given sources",
 	help: `Show who the request limiter is limiting now, and what its sketches hold.
 
-The filter records the groups it refuses packets of (one refused packet in four,
+The filter records the groups it refuses packets of (one refused packet in sixteen,
 in a table of the 4096 groups recorded most recently): top lists those refused in
 the last five seconds by address, heaviest first: the level that refused them, the
 group (the source prefix at that level, the source port at the port level), its
 current rate and the level's limit, the packets refused since it was first
 recorded (estimated from the sample) and for how long.
 
-The filter keeps no table of sources: each level is a CountMin sketch of two rows
+The sketches keep no table of sources: each level is a CountMin sketch of two rows
 of 2048 cells, and a source group adds its packets to one cell per row, chosen by
 a keyed hash. A cell holds the decayed rate of every group hashing to it, so cells
 cannot be turned back into addresses. For every level, top prints the heaviest
