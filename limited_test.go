@@ -2,6 +2,9 @@ package rrl
 
 import (
 	"net/netip"
+	"os"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -18,8 +21,9 @@ const (
 
 // testRun feeds packets to the test entry point with the clock and draw given.
 type testRun struct {
-	t    *testing.T
-	objs *testObjects
+	t        *testing.T
+	objs     *testObjects
+	destOpts bool // IPv6 packets carry a destination options header
 }
 
 // send judges one query from src at kernel time now with draw rnd; it reports
@@ -30,7 +34,7 @@ func (r testRun) send(src netip.AddrPort, now uint64, rnd uint32) bool {
 	if src.Addr().Is4() {
 		pkt = ethFrame(unix.ETH_P_IP, ipv4Packet(src, netip.MustParseAddrPort("192.0.2.53:53"), nil, dnsQuery(1, false)))
 	} else {
-		pkt = ethFrame(unix.ETH_P_IPV6, ipv6Packet(src, netip.MustParseAddrPort("[fd00::53]:53"), false, dnsQuery(1, false)))
+		pkt = ethFrame(unix.ETH_P_IPV6, ipv6Packet(src, netip.MustParseAddrPort("[fd00::53]:53"), r.destOpts, dnsQuery(1, false)))
 	}
 	if err := r.objs.TestInput.Put(uint32(0), &filterTestInput{Now: now, Rnd: rnd}); err != nil {
 		r.t.Fatal(err)
@@ -93,35 +97,40 @@ func TestKernelRecordsLimitedGroups(t *testing.T) {
 	cases := []struct {
 		name       string
 		reportOnly bool
+		destOpts   bool
 		packets    []packet
 		want       []LimitedGroup // Rate and Limit are checked separately
 	}{
-		{"one address, two recorded drops", false,
+		{"one address, two recorded drops", false, false,
 			append(append(burst(40, t0, drawSkip, one("192.0.2.7:40000")), packet{v4("192.0.2.7:40000"), t0, drawRecord}),
 				packet{v4("192.0.2.7:40000"), later, drawRecord}),
 			[]LimitedGroup{{Node: nodeTagIPv4 | 32, Group: netip.MustParsePrefix("192.0.2.7/32"), Dropped: 2 * limitedSample,
 				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(later))}}},
-		{"a /24 of many sources", false,
+		{"a /24 of many sources", false, false,
 			append(burst(40, t0, drawSkip, func(i int) netip.AddrPort {
 				return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), uint16(30000+i))
 			}), packet{v4("198.51.100.250:1234"), t0, drawRecord}),
 			[]LimitedGroup{{Node: nodeTagIPv4 | 24, Group: netip.MustParsePrefix("198.51.100.0/24"), Dropped: limitedSample,
 				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(t0))}}},
-		{"one source port from everywhere", false,
+		{"one source port from everywhere", false, false,
 			burst(41, t0, drawRecord, func(i int) netip.AddrPort {
 				return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i), 0, 1}), 23456)
 			})[:41],
 			nil}, // filled below: the port node refuses from the 30th packet on
-		{"an IPv6 address", false,
+		{"an IPv6 address", false, false,
 			append(burst(40, t0, drawSkip, one("[fd00:1:2:3::7]:5353")), packet{v4("[fd00:1:2:3::7]:5353"), t0, drawRecord}),
 			[]LimitedGroup{{Node: nodeTagIPv6 | 128, Group: netip.MustParsePrefix("fd00:1:2:3::7/128"), Dropped: limitedSample,
 				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(t0))}}},
-		{"report-only records what it would drop", true,
+		{"an IPv6 address behind a destination options header", false, true,
+			append(burst(40, t0, drawSkip, one("[fd00:1:2:3::7]:5353")), packet{v4("[fd00:1:2:3::7]:5353"), t0, drawRecord}),
+			[]LimitedGroup{{Node: nodeTagIPv6 | 128, Group: netip.MustParsePrefix("fd00:1:2:3::7/128"), Dropped: limitedSample,
+				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(t0))}}},
+		{"report-only records what it would drop", true, false,
 			append(burst(40, t0, drawSkip, one("192.0.2.8:40000")), packet{v4("192.0.2.8:40000"), t0, drawRecord}),
 			[]LimitedGroup{{Node: nodeTagIPv4 | 32, Group: netip.MustParsePrefix("192.0.2.8/32"), Dropped: limitedSample,
 				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(t0))}}},
-		{"drops the sample skips", false, burst(60, t0, drawSkip, one("192.0.2.9:40000")), nil},
-		{"a source within its limit", false, burst(20, t0, drawRecord, one("192.0.2.10:40000")), nil},
+		{"drops the sample skips", false, false, burst(60, t0, drawSkip, one("192.0.2.9:40000")), nil},
+		{"a source within its limit", false, false, burst(20, t0, drawRecord, one("192.0.2.10:40000")), nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -135,7 +144,7 @@ func TestKernelRecordsLimitedGroups(t *testing.T) {
 			if err := objs.settingsMaps().apply(cfg, 42, nil); err != nil {
 				t.Fatal(err)
 			}
-			r := testRun{t, objs}
+			r := testRun{t, objs, tc.destOpts}
 			recorded := uint64(0)
 			for _, p := range tc.packets {
 				if !r.send(p.src, p.at, p.rnd) && p.rnd == drawRecord {
@@ -207,7 +216,7 @@ func TestKernelLimitedGroupsBounded(t *testing.T) {
 	if objs.Limited.MaxEntries() != limitedGroupsMax {
 		t.Fatalf("rrl_limited holds %d entries, limitedGroupsMax is %d", objs.Limited.MaxEntries(), limitedGroupsMax)
 	}
-	r := testRun{t, objs}
+	r := testRun{t: t, objs: objs}
 	const sources = 3 * limitedGroupsMax
 	now := uint64(5_000_000_000)
 	var last netip.AddrPort
@@ -240,4 +249,22 @@ func TestKernelLimitedGroupsBounded(t *testing.T) {
 		t.Errorf("the latest limited source %v is not listed", last.Addr())
 	}
 	t.Logf("%d sources refused, %d groups kept", dropped, len(recs))
+}
+
+// TestLimitedConstantsMatchProgram: the sampling rate and capacity LimitedGroups
+// assumes are those filter_bpf.c declares.
+func TestLimitedConstantsMatchProgram(t *testing.T) {
+	src, err := os.ReadFile("filter_bpf.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int{"LIMITED_SAMPLE": limitedSample, "LIMITED_GROUPS": limitedGroupsMax} {
+		m := regexp.MustCompile(`(?m)^#define ` + name + ` (\d+)$`).FindSubmatch(src)
+		if m == nil {
+			t.Fatalf("filter_bpf.c: no #define %s", name)
+		}
+		if v, _ := strconv.Atoi(string(m[1])); v != want {
+			t.Errorf("filter_bpf.c %s %d, Go %d", name, v, want)
+		}
+	}
 }
