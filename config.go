@@ -81,7 +81,9 @@ type Config struct {
 	totalRequests    float64
 	reflectionPorts  []uint16
 
-	nowFunc func() time.Time
+	nowFunc         func() time.Time
+	eventFunc       func(LimitEvent)
+	eventsPerSecond int // 0: defaultEventsPerSecond
 }
 
 // RequestLevel is one source prefix level of the request limiter: sources are grouped
@@ -274,6 +276,25 @@ func (c *Config) SetValue(keyword, value string) error {
 
 // SetNowFunc replaces the clock the RRL reads (time.Now by default); for tests.
 func (c *Config) SetNowFunc(now func() time.Time) { c.nowFunc = now }
+
+// SetEventFunc has the RRL and Limiter made from c report limiting events to fn (see
+// LimitEvent; SlogEvents logs them); nil, the default, turns events off. fn is called
+// in the goroutine of a Debit, Allow or Update call, outside the limiter's locks, so it
+// should be quick; it may call the limiter.
+func (c *Config) SetEventFunc(fn func(LimitEvent)) { c.eventFunc = fn }
+
+// SetEventsPerSecond bounds the limiting events reported in each second of the clock
+// to n (at least 1; default 10); the others are counted and the count reported in the
+// next event.
+func (c *Config) SetEventsPerSecond(n int) { c.eventsPerSecond = max(n, 1) }
+
+// eventsPerSec is the events-per-second bound in force.
+func (c *Config) eventsPerSec() int {
+	if c.eventsPerSecond == 0 {
+		return defaultEventsPerSecond
+	}
+	return c.eventsPerSecond
+}
 
 // IsActive reports whether the Config limits anything: some allowance, requests
 // limit or capacity is non-zero.

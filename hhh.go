@@ -85,6 +85,7 @@ type Limiter struct {
 	mix00  uint64 // mix64(mix0): sketchHash of the key 0, 0 (the total node)
 	sketch *[numNodes]countMin
 	params atomic.Pointer[limiterParams]
+	events atomic.Pointer[groupTracker] // nil when the Config sets no EventFunc
 	start  time.Time
 	stats  [statShards]statShard
 
@@ -215,6 +216,7 @@ func newLimiterSeed(cfg *Config, seed uint64) (*Limiter, error) {
 	l := &Limiter{seedv: seed, mix0: mix64(seed), mix00: mix64(mix64(seed)), start: time.Now()}
 	l.sketch = new([numNodes]countMin)
 	l.params.Store(p)
+	l.events.Store(newGroupTracker(cfg))
 	return l, nil
 }
 
@@ -280,6 +282,16 @@ func (l *Limiter) Update(cfg *Config) error {
 		}
 	}
 	l.params.Store(p)
+	switch ev := l.events.Load(); {
+	case cfg.eventFunc == nil:
+		l.events.Store(nil)
+	case ev == nil:
+		l.events.Store(newGroupTracker(cfg))
+	default:
+		ev.mu.Lock()
+		ev.fn, ev.budget.perSec = cfg.eventFunc, cfg.eventsPerSec()
+		ev.mu.Unlock()
+	}
 	return nil
 }
 
@@ -360,13 +372,19 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 	// exceeds (u*rate >= limit) decides.
 	t := uint64(max(now, 0))
 	u := Fixed(rand) // the draw as a fraction in [0, 1)
-	decider := -1
+	decider, dj, dc := -1, 0, Fixed(0)
 	for j := range k {
 		n := ns[j]
 		c := l.sketch[n].arrive(hs[j], t)
 		if decider < 0 && c >= p.trip[n] && u.Mul(arrivalRate(c)) >= p.limit[n] {
-			decider = int(n)
+			decider, dj, dc = int(n), j, c
 		}
+	}
+	if ev := l.events.Load(); ev != nil {
+		if decider >= 0 {
+			l.limited(ev, p, decider, hs[dj], src, now, arrivalRate(dc))
+		}
+		l.sweep(ev, now)
 	}
 	if decider < 0 {
 		return LimiterVerdict{Allowed: true, node: -1}

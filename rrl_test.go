@@ -566,7 +566,7 @@ func TestNew(t *testing.T) {
 	// NewRRL accepts what New refuses, with defaults, and nil.
 	for _, cfg := range []*Config{nil, {}} {
 		r := NewRRL(cfg)
-		if act, _, _ := r.Debit(udp("192.0.2.1"), &www); act != Send || len(r.shards) == 0 {
+		if act, _, _ := r.Debit(udp("192.0.2.1"), &www); act != Send || len(r.state.Load().shards) == 0 {
 			t.Errorf("NewRRL(%v): %v", cfg, act)
 		}
 	}
