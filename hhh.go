@@ -65,6 +65,10 @@ import (
 // maps (see cmCell). The counters are atomic. Update may be called while packets are
 // being judged.
 //
+// Events. With Config.SetEventFunc the Limiter reports when it starts and stops
+// limiting a source group (LimitEvent with Account AccountGroup; see
+// limiterevents.go).
+//
 // Use. With the kernel filter attached, the kernel does this work and the server
 // does nothing. Without it (no CAP_BPF), call Allow with the source of every query
 // right after reading it, before parsing, and drop the query when it returns false:

@@ -27,8 +27,10 @@ import (
 // An RRL is safe for concurrent use by many goroutines. Debit takes no lock shared
 // by all accounts: debiting an existing account locks that account alone, and
 // statistics are counted per processor, so calls for different client networks
-// proceed in parallel. Create it
-// with New or NewRRL; the zero value is not usable.
+// proceed in parallel. Update changes the settings while Debit calls go on, keeping
+// the accounts. With Config.SetEventFunc it reports when it starts and stops limiting
+// an account (LimitEvent; see rrlevents.go for when). Create it with New or NewRRL;
+// the zero value is not usable.
 type RRL struct {
 	state atomic.Pointer[rrlState] // settings and table, replaced by Update
 
