@@ -42,7 +42,7 @@ type RRL struct {
 	epochNanos int64                        // coarse clock reading at New
 	last       atomic.Uint64                // latest Fixed time read: the clock never runs backwards
 	stripes    stripes                      // per-P statistics and query counts
-	events     atomic.Pointer[eventTracker] // limiting events; nil when the Config sets no EventFunc
+	tracker    *eventTracker // the events tracker, kept across Updates (under updateMu)
 
 	updateMu  sync.Mutex // serialises Update
 	statsMu   sync.Mutex
@@ -70,6 +70,7 @@ type rrlState struct {
 	reqRate, allRate float64
 	v4Len, v6Len     int
 	tableSize        int
+	events           *eventTracker // limiting events; nil when the Config sets no EventFunc
 
 	shardShift uint
 	shards     []shard
@@ -141,6 +142,8 @@ func New(cfg *Config) (*RRL, error) {
 	}
 	st := newState(cfg)
 	st.newTable(cfg.maxTableSize)
+	r.tracker = newEventTracker(cfg)
+	st.events = r.tracker
 	r.state.Store(st)
 	r.scale.Store(uint64(FixedOne))
 	if r.nowFunc != nil {
@@ -148,7 +151,6 @@ func New(cfg *Config) (*RRL, error) {
 	} else {
 		r.epochNanos = coarseNanos()
 	}
-	r.events.Store(newEventTracker(cfg))
 	r.stripes.init()
 	r.last.Store(uint64(clockOffset))
 	return r, nil
@@ -400,7 +402,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		r.stripes.done(st)
 		scale = r.rateScale(sec, p.qpsScale)
 	}
-	ev := r.events.Load()
+	ev := p.events
 	var trans transition // limiting began or ended for an account: rare
 
 	act, ipr, rtr = Send, IPNotConfigured, RTNotReached
@@ -456,7 +458,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	}
 done:
 	if ev != nil && (trans.ended() != 0 || uint64(now) >= ev.next.Load()) {
-		r.sweep(now)
+		r.sweep(ev, now)
 	}
 	would := act
 	if p.report {
@@ -629,16 +631,17 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 		st.newTable(cfg.maxTableSize)
 		fresh = true
 	}
-	ev := r.events.Load()
 	switch {
 	case cfg.eventFunc == nil:
-		r.events.Store(nil) // accounts keep their record bits until their next debit clears them
-	case ev == nil:
-		r.events.Store(newEventTracker(cfg))
+		// Accounts keep their record bits until their next debit clears them.
+	case r.tracker == nil:
+		r.tracker = newEventTracker(cfg)
+		st.events = r.tracker
 	default:
-		ev.mu.Lock()
-		ev.fn, ev.budget.perSec = cfg.eventFunc, cfg.eventsPerSec()
-		ev.mu.Unlock()
+		r.tracker.mu.Lock()
+		r.tracker.fn, r.tracker.budget.perSec = cfg.eventFunc, cfg.eventsPerSec()
+		r.tracker.mu.Unlock()
+		st.events = r.tracker
 	}
 	if fresh {
 		r.statsMu.Lock()

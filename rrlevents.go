@@ -131,7 +131,7 @@ func (ev *eventTracker) follow(tag *uint64, old uint64, limited bool, now Fixed)
 
 // transition records what the debit of account key (in shard s of state p) changed.
 func (r *RRL) transition(p *rrlState, s *shard, key uint64, t transition, now Fixed, cn clientNet, kind int, tuple *ResponseTuple, cost Fixed) {
-	ev := r.events.Load()
+	ev := p.events
 	if ev == nil {
 		return
 	}
@@ -178,11 +178,7 @@ func (ev *eventTracker) endLocked(i uint64, now Fixed, evicted bool) {
 // sweep reports the events that are due at now and, when the once-a-second sweep is
 // due too, first looks up every followed account to find those that recovered or left
 // the table. Event functions are called after the tracker's mutex is released.
-func (r *RRL) sweep(now Fixed) {
-	ev := r.events.Load()
-	if ev == nil {
-		return
-	}
+func (r *RRL) sweep(ev *eventTracker, now Fixed) {
 	if next := ev.next.Load(); uint64(now) >= next && ev.next.CompareAndSwap(next, uint64(now+FixedOne)) {
 		r.checkAccounts(ev, now)
 	}
@@ -223,7 +219,7 @@ func (r *RRL) checkAccounts(ev *eventTracker, now Fixed) {
 	}
 	var ended []result
 	for _, l := range looks {
-		if l.state != cur {
+		if &l.state.shards[0] != &cur.shards[0] { // Update replaced the table
 			ended = append(ended, result{l.i, true})
 			continue
 		}

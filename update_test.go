@@ -86,6 +86,26 @@ func TestUpdateEvents(t *testing.T) {
 	for range 10 {
 		r.Debit(udp("192.0.2.7"), &www)
 	}
+	same := NewConfig()
+	same.SetValue("responses-per-second", "2")
+	same.SetValue("slip-ratio", "1")
+	same.SetEventFunc(log.add)
+	if fresh, err := r.Update(same); err != nil || fresh {
+		t.Fatal(fresh, err)
+	}
+	c.now = t0.Add(time.Second)
+	r.Debit(udp("203.0.113.1"), &www)
+	c.now = t0.Add(8 * time.Second)
+	r.Debit(udp("203.0.113.1"), &www)
+	ev := log.take()
+	if len(ev) != 2 || ev[0].Stop || !ev[1].Stop || ev[1].Evicted {
+		t.Fatalf("across an Update keeping the table: %+v", ev)
+	}
+
+	c.now = t0.Add(10 * time.Second)
+	for range 10 {
+		r.Debit(udp("192.0.2.7"), &www)
+	}
 	cfg := NewConfig()
 	cfg.SetValue("responses-per-second", "2")
 	cfg.SetValue("ipv4-prefix-length", "16")
@@ -93,9 +113,9 @@ func TestUpdateEvents(t *testing.T) {
 	if fresh, err := r.Update(cfg); err != nil || !fresh {
 		t.Fatal(fresh, err)
 	}
-	c.now = t0.Add(2 * time.Second)
+	c.now = t0.Add(12 * time.Second)
 	r.Debit(udp("203.0.113.1"), &www)
-	ev := log.take()
+	ev = log.take()
 	if len(ev) != 2 || ev[0].Stop || !ev[1].Stop || !ev[1].Evicted || ev[1].Network != netip.MustParsePrefix("192.0.2.0/24") {
 		t.Fatalf("events %+v", ev)
 	}
