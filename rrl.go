@@ -38,10 +38,10 @@ type RRL struct {
 	scale      atomic.Uint64 // Fixed factor >= 1 applied to response costs
 	seed       uint64        // keys account and name hashes
 	nowFunc    func() time.Time
-	epoch      time.Time                    // nowFunc's reading at New
-	epochNanos int64                        // coarse clock reading at New
-	last       atomic.Uint64                // latest Fixed time read: the clock never runs backwards
-	stripes    stripes                      // per-P statistics and query counts
+	epoch      time.Time     // nowFunc's reading at New
+	epochNanos int64         // coarse clock reading at New
+	last       atomic.Uint64 // latest Fixed time read: the clock never runs backwards
+	stripes    stripes       // per-P statistics and query counts
 	tracker    *eventTracker // the events tracker, kept across Updates (under updateMu)
 
 	updateMu  sync.Mutex // serialises Update
