@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,7 @@ type Handler struct {
 	cookieExempt atomic.Uint64
 	limited      atomic.Uint64
 	cookieCounts [CookieResultLast]atomic.Uint64
+	malformed    [MalformedLast]atomic.Uint64
 }
 
 // HandlerOption configures a Handler.
@@ -161,6 +163,11 @@ type HandlerStats struct {
 	// Cookies counts the verdicts on the queries' COOKIE options, by CookieResult
 	// (with WithCookies only).
 	Cookies [CookieResultLast]uint64
+	// Malformed counts queries answered with an error rcode (or not at all)
+	// because of their form, by reason; their replies are also in
+	// Responses[...][AllowanceError]. The reasons miekg/dns finds before the
+	// Handler runs are counted only on a server set up with ConfigureServer.
+	Malformed [MalformedLast]uint64
 }
 
 // Stats returns the Handler's counters.
@@ -177,6 +184,9 @@ func (h *Handler) Stats() HandlerStats {
 	for i := range s.Cookies {
 		s.Cookies[i] = h.cookieCounts[i].Load()
 	}
+	for i := range s.Malformed {
+		s.Malformed[i] = h.malformed[i].Load()
+	}
 	return s
 }
 
@@ -188,12 +198,18 @@ func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	rw := h.writers.Get().(*responseWriter)
-	*rw = responseWriter{ResponseWriter: w, h: h, src: src, udp: udp}
-	defer func() {
-		*rw = responseWriter{} // the pool keeps no request alive
-		h.writers.Put(rw)
-	}()
+	rw.ResponseWriter, rw.h, rw.src, rw.udp = w, h, src, udp
+	l := rw.lease()
+	defer h.release(rw)
 
+	// A query the server would answer FORMERR or NOTIMP itself when the
+	// Handler's ConfigureServer is not in use, and the EDNS errors of RFC 6891:
+	// answered here as error responses, under the errors-per-second allowance.
+	if rcode, reason := queryError(req); rcode != dns.RcodeSuccess {
+		h.malformed[reason].Add(1)
+		rw.writeMsg(errorReply(req, rcode))
+		return
+	}
 	if h.cookies != nil {
 		rw.cookie, rw.hasCookie = cookieOption(req, &rw.cookieBuf)
 		if rw.hasCookie {
@@ -205,11 +221,72 @@ func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 			m := new(dns.Msg)
 			m.SetRcode(req, dns.RcodeFormatError)
 			m.SetEdns0(responseUDPSize, false) // the query had one: its cookie
-			rw.WriteMsg(m)
+			rw.writeMsg(m)
 			return
 		}
 	}
-	h.next.ServeDNS(rw, req)
+	h.next.ServeDNS(l, req)
+}
+
+// release ends rw's lease, so that the inner handler's later calls fail instead of
+// reaching the next query's client, and returns rw to the pool.
+func (h *Handler) release(rw *responseWriter) {
+	rw.mu.Lock()
+	rw.gen++
+	rw.queryState = queryState{} // the pool keeps no request alive
+	rw.mu.Unlock()
+	h.writers.Put(rw)
+}
+
+// queryError returns the rcode a query gets instead of an answer, and why, or
+// RcodeSuccess: NOTIMP for an opcode other than QUERY and NOTIFY, FORMERR for a
+// QUERY without exactly one question or with more than one OPT record, BADVERS for
+// an EDNS version above 0 (RFC 6891 section 6.1.3).
+func queryError(req *dns.Msg) (int, MalformedReason) {
+	switch req.Opcode {
+	case dns.OpcodeQuery:
+		if len(req.Question) != 1 {
+			return dns.RcodeFormatError, MalformedQuestionCount
+		}
+	case dns.OpcodeNotify:
+	default:
+		return dns.RcodeNotImplemented, MalformedOpcode
+	}
+	var opt *dns.OPT
+	for _, rr := range req.Extra {
+		if o, ok := rr.(*dns.OPT); ok {
+			if opt != nil {
+				return dns.RcodeFormatError, MalformedOPTCount
+			}
+			opt = o
+		}
+	}
+	if opt != nil && opt.Version() != 0 {
+		return dns.RcodeBadVers, MalformedEDNSVersion
+	}
+	return dns.RcodeSuccess, 0
+}
+
+// errorReply returns the reply with rcode to req: its question (for QUERY), the
+// server's OPT record (version 0) when the query had one, and neither the query's
+// TC bit nor any record besides.
+func errorReply(req *dns.Msg, rcode int) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetRcode(req, rcode)
+	if req.Opcode != dns.OpcodeQuery || len(req.Question) != 1 {
+		m.Question = nil
+	}
+	var do bool
+	hasOPT := false
+	for _, rr := range req.Extra {
+		if o, ok := rr.(*dns.OPT); ok {
+			hasOPT, do = true, do || o.Do()
+		}
+	}
+	if hasOPT || rcode > 0xF {
+		m.SetEdns0(responseUDPSize, do)
+	}
+	return m
 }
 
 // responseUDPSize is the EDNS payload size advertised in OPT records the Handler
@@ -284,9 +361,20 @@ func unhex(c byte) (byte, bool) {
 	return 0, false
 }
 
-// responseWriter is the ResponseWriter the inner handler writes to: it holds back
-// the first response until the Handler has judged it.
+// responseWriter holds back the first response of the inner handler until the
+// Handler has judged it. It is pooled: the inner handler gets a lease on it, which
+// stops working when ServeDNS returns.
 type responseWriter struct {
+	mu     sync.Mutex // held by every lease call, and by release
+	gen    uint64     // the current lease's; release increments it
+	leases *[leaseBatch]lease
+	next   int // leases[next:] are unused
+
+	queryState // zeroed by release
+}
+
+// queryState is the state of a responseWriter for one query.
+type queryState struct {
 	dns.ResponseWriter
 	h   *Handler
 	src netip.AddrPort
@@ -302,25 +390,167 @@ type responseWriter struct {
 	withheld bool // ... and withheld: later ones are too
 }
 
-// SetWildcardOrigin implements WildcardReporter.
-func (rw *responseWriter) SetWildcardOrigin(origin string) { rw.wildcard = origin }
+// leaseBatch is how many leases are allocated at once. Each is handed out once,
+// so a lease kept past its query never aliases a later one.
+const leaseBatch = 32
+
+// lease returns a new lease on rw for the current generation.
+func (rw *responseWriter) lease() *lease {
+	if rw.leases == nil || rw.next == len(rw.leases) {
+		rw.leases, rw.next = new([leaseBatch]lease), 0
+	}
+	l := &rw.leases[rw.next]
+	rw.next++
+	*l = lease{rw: rw, gen: rw.gen}
+	return l
+}
+
+// ErrLateWrite is returned by the ResponseWriter a Handler gives its inner handler
+// when it is used after the Handler's ServeDNS returned.
+var ErrLateWrite = errors.New("rrl: response writer used after ServeDNS returned")
+
+// lease is the dns.ResponseWriter the inner handler gets: a responseWriter for one
+// query. Every call checks that the query is still being served; after that, writes
+// fail with ErrLateWrite and nothing reaches the writer that serves other queries.
+type lease struct {
+	rw  *responseWriter
+	gen uint64
+}
+
+// acquire locks the responseWriter and returns it, or nil (unlocked) when the
+// lease has ended.
+func (l *lease) acquire() *responseWriter {
+	rw := l.rw
+	rw.mu.Lock()
+	if rw.gen != l.gen {
+		rw.mu.Unlock()
+		return nil
+	}
+	return rw
+}
 
 // WriteMsg judges the first response and writes what the verdict says; later
 // responses follow its fate. A withheld response is not an error for the caller.
-func (rw *responseWriter) WriteMsg(m *dns.Msg) error {
+func (l *lease) WriteMsg(m *dns.Msg) error {
+	rw := l.acquire()
+	if rw == nil {
+		return ErrLateWrite
+	}
+	defer rw.mu.Unlock()
+	return rw.writeMsg(m)
+}
+
+// Write unpacks a raw response to judge it; bytes that do not unpack are judged as
+// an error response and, if sent, sent as they are.
+func (l *lease) Write(b []byte) (int, error) {
+	rw := l.acquire()
+	if rw == nil {
+		return 0, ErrLateWrite
+	}
+	defer rw.mu.Unlock()
+	return rw.write(b)
+}
+
+// LocalAddr implements dns.ResponseWriter; after the lease it returns an empty
+// address.
+func (l *lease) LocalAddr() net.Addr {
+	rw := l.acquire()
+	if rw == nil {
+		return endedAddr{}
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter.LocalAddr()
+}
+
+// RemoteAddr implements dns.ResponseWriter; after the lease it returns an empty
+// address.
+func (l *lease) RemoteAddr() net.Addr {
+	rw := l.acquire()
+	if rw == nil {
+		return endedAddr{}
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter.RemoteAddr()
+}
+
+// Close implements dns.ResponseWriter.
+func (l *lease) Close() error {
+	rw := l.acquire()
+	if rw == nil {
+		return ErrLateWrite
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter.Close()
+}
+
+// TsigStatus implements dns.ResponseWriter.
+func (l *lease) TsigStatus() error {
+	rw := l.acquire()
+	if rw == nil {
+		return ErrLateWrite
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter.TsigStatus()
+}
+
+// TsigTimersOnly implements dns.ResponseWriter.
+func (l *lease) TsigTimersOnly(b bool) {
+	if rw := l.acquire(); rw != nil {
+		rw.ResponseWriter.TsigTimersOnly(b)
+		rw.mu.Unlock()
+	}
+}
+
+// Hijack implements dns.ResponseWriter.
+func (l *lease) Hijack() {
+	if rw := l.acquire(); rw != nil {
+		rw.ResponseWriter.Hijack()
+		rw.mu.Unlock()
+	}
+}
+
+// SetWildcardOrigin implements WildcardReporter.
+func (l *lease) SetWildcardOrigin(origin string) {
+	if rw := l.acquire(); rw != nil {
+		rw.wildcard = origin
+		rw.mu.Unlock()
+	}
+}
+
+// ConnectionState returns the TLS state of the connection when the underlying
+// ResponseWriter has one (dns.ConnectionStater), nil otherwise.
+func (l *lease) ConnectionState() *tls.ConnectionState {
+	rw := l.acquire()
+	if rw == nil {
+		return nil
+	}
+	defer rw.mu.Unlock()
+	if cs, ok := rw.ResponseWriter.(dns.ConnectionStater); ok {
+		return cs.ConnectionState()
+	}
+	return nil
+}
+
+// endedAddr is the address an ended lease reports.
+type endedAddr struct{}
+
+func (endedAddr) Network() string { return "" }
+func (endedAddr) String() string  { return "" }
+
+// writeMsg is lease.WriteMsg with rw held.
+func (rw *responseWriter) writeMsg(m *dns.Msg) error {
 	if rw.judged {
 		if rw.withheld {
 			return nil
 		}
-		return rw.ResponseWriter.WriteMsg(m)
+		return rw.forward(m)
 	}
 	rw.judged = true
 	return rw.judge(m)
 }
 
-// Write unpacks a raw response to judge it; bytes that do not unpack are judged as
-// an error response and, if sent, sent as they are.
-func (rw *responseWriter) Write(b []byte) (int, error) {
+// write is lease.Write with rw held.
+func (rw *responseWriter) write(b []byte) (int, error) {
 	if rw.judged {
 		if rw.withheld {
 			return len(b), nil
@@ -329,35 +559,58 @@ func (rw *responseWriter) Write(b []byte) (int, error) {
 	}
 	m := new(dns.Msg)
 	if err := m.Unpack(b); err == nil {
-		if err := rw.WriteMsg(m); err != nil {
+		if err := rw.writeMsg(m); err != nil {
 			return 0, err
 		}
 		return len(b), nil
 	}
 	rw.judged = true
 	t := ResponseTuple{AllowanceCategory: AllowanceError}
-	var act Action
-	if rw.udp && rw.h.upstream {
-		act, _, _ = rw.h.rrl.DebitResponse(rw.src, &t)
-	} else {
-		act, _, _ = rw.h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
-	}
-	if act != Send {
+	if act := rw.h.debit(rw.src, rw.udp, &t); act != Send {
 		rw.h.responses[Drop][AllowanceError].Add(1)
-		rw.withheld = true
+		rw.withhold()
 		return len(b), nil
 	}
 	rw.h.responses[Send][AllowanceError].Add(1)
 	return rw.ResponseWriter.Write(b)
 }
 
-// ConnectionState returns the TLS state of the connection when the underlying
-// ResponseWriter has one (dns.ConnectionStater), nil otherwise.
-func (rw *responseWriter) ConnectionState() *tls.ConnectionState {
-	if cs, ok := rw.ResponseWriter.(dns.ConnectionStater); ok {
-		return cs.ConnectionState()
+// debit debits t for a response to src, with DebitResponse when UDP queries
+// passed a request limiter already.
+func (h *Handler) debit(src netip.AddrPort, udp bool, t *ResponseTuple) Action {
+	var act Action
+	if udp && h.upstream {
+		act, _, _ = h.rrl.DebitResponse(src, t)
+	} else {
+		act, _, _ = h.rrl.DebitAddrPort(src, udp, t)
 	}
-	return nil
+	return act
+}
+
+// withhold marks the query's responses withheld. Over TCP it also closes the
+// connection: a client refused by requests-per-second (the only limit on TCP) gets
+// no silence to wait out, and its connection slot is free at once.
+func (rw *responseWriter) withhold() {
+	rw.withheld = true
+	if !rw.udp {
+		rw.ResponseWriter.Close()
+	}
+}
+
+// forward writes m as it is. A message shaped like miekg/dns's own replies to
+// malformed queries (see ConfigureServer) is packed and written raw, past the
+// server's DecorateWriter, so that it is not judged a second time.
+func (rw *responseWriter) forward(m *dns.Msg) error {
+	if (m.Rcode == dns.RcodeFormatError || m.Rcode == dns.RcodeNotImplemented) &&
+		len(m.Answer) == 0 && len(m.Ns) == 0 && len(m.Extra) == 0 {
+		b, err := m.Pack()
+		if err != nil {
+			return err
+		}
+		_, err = rw.ResponseWriter.Write(b)
+		return err
+	}
+	return rw.ResponseWriter.WriteMsg(m)
 }
 
 // judge decides the fate of m, the first response, and writes accordingly.
@@ -374,11 +627,7 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 			origin = h.wildcard(m)
 		}
 		t := ResponseTupleFromMsg(m, origin)
-		if rw.udp && h.upstream {
-			act, _, _ = h.rrl.DebitResponse(rw.src, &t)
-		} else {
-			act, _, _ = h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
-		}
+		act = h.debit(rw.src, rw.udp, &t)
 		cat = t.AllowanceCategory
 	}
 	if act == Slip && cat == AllowanceError {
@@ -387,7 +636,7 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 	h.responses[act][cat].Add(1)
 	switch act {
 	case Drop:
-		rw.withheld = true
+		rw.withhold()
 		return nil
 	case Slip:
 		if rw.hasCookie && len(rw.cookie) >= ClientCookieLen {
@@ -396,10 +645,17 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 		}
 		m = truncated(m)
 	}
+	if m.Truncated && (m.Rcode == dns.RcodeFormatError || m.Rcode == dns.RcodeNotImplemented) {
+		// An error reply has nothing to retry over TCP for: a TC bit there is
+		// the query's, copied.
+		cp := *m
+		cp.Truncated = false
+		m = &cp
+	}
 	if rw.hasCookie && len(rw.cookie) >= ClientCookieLen {
 		m = rw.withCookie(m)
 	}
-	return rw.ResponseWriter.WriteMsg(m)
+	return rw.forward(m)
 }
 
 // withCookie returns a shallow copy of m carrying a fresh full cookie for the
@@ -477,50 +733,76 @@ func hexString(b []byte) string {
 
 // LimitReader returns a miekg/dns Server.DecorateReader that holds UDP queries to
 // the limits of l as soon as they are read: a query l refuses is discarded before
-// the server unpacks it or starts a goroutine for it. That saves about 1.5 µs of CPU
-// per dropped packet over a Handler with WithLimiter (BenchmarkLimiterDrop: 6.4 µs
-// instead of 7.9 µs, sender and kernel included, on 2 cores). Use one or the other,
-// and only where the kernel filter is not attached (Attach returned ModeClassic).
-// TCP queries pass untouched; l.Stats counts what was refused.
+// the server unpacks it or starts a goroutine for it, which costs less CPU per
+// dropped packet than a Handler with WithLimiter (BenchmarkLimiterDrop). Use one or
+// the other, and only where the kernel filter is not attached (Attach returned
+// ModeClassic). TCP queries pass untouched; l.Stats counts what was refused.
+//
+// The datagram after a refused one is read into the refused one's buffer (the
+// server takes buffers from a pool of its own, which a reader cannot give them back
+// to), so a flood of refused packets allocates no buffers. That needs the server's
+// own reader underneath: set the result as Server.DecorateReader, or apply it to
+// the reader the server passes before any other decorator. Over another reader it
+// calls that reader for every datagram, and each refused one costs its buffer.
 func LimitReader(l *Limiter) dns.DecorateReader {
-	return func(r dns.Reader) dns.Reader { return &limitReader{Reader: r, l: l} }
+	return func(r dns.Reader) dns.Reader {
+		t := reflect.TypeOf(r)
+		own := t != nil && t.PkgPath() == "github.com/miekg/dns" && t.Name() == "defaultReader"
+		return &limitReader{Reader: r, l: l, own: own}
+	}
 }
 
 // limitReader is the dns.Reader of LimitReader.
 type limitReader struct {
 	dns.Reader
-	l *Limiter
+	l   *Limiter
+	own bool // Reader is miekg/dns's: its buffers may be read into again
 }
 
-// ReadUDP returns the next query l allows.
+// ReadUDP returns the next query l allows. After a refused datagram it reads the
+// next one itself into the same buffer, under the read deadline the server's
+// reader set; when that passes it returns the timeout, as the server's reader does,
+// and the server calls again.
 func (r *limitReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte, *dns.SessionUDP, error) {
-	for {
-		b, s, err := r.Reader.ReadUDP(conn, timeout)
-		if err != nil || s == nil {
-			return b, s, err
+	b, s, err := r.Reader.ReadUDP(conn, timeout)
+	for err == nil && s != nil {
+		if ua, ok := s.RemoteAddr().(*net.UDPAddr); !ok || r.l.Allow(ua.AddrPort()) {
+			break
 		}
-		if ua, ok := s.RemoteAddr().(*net.UDPAddr); ok && !r.l.Allow(ua.AddrPort()) {
+		if !r.own {
+			b, s, err = r.Reader.ReadUDP(conn, timeout)
 			continue
 		}
-		return b, s, nil
+		var n int
+		if n, s, err = dns.ReadFromSessionUDP(conn, b[:cap(b)]); err != nil {
+			return nil, nil, err
+		}
+		b = b[:n]
 	}
+	return b, s, err
 }
 
 // ReadPacketConn returns the next query l allows, for servers on a net.PacketConn
-// that is not a *net.UDPConn.
+// that is not a *net.UDPConn, reusing buffers as ReadUDP does.
 func (r *limitReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration) ([]byte, net.Addr, error) {
 	pr, ok := r.Reader.(dns.PacketConnReader)
 	if !ok {
 		return nil, nil, errors.New("rrl: LimitReader: the decorated reader cannot read a net.PacketConn")
 	}
-	for {
-		b, a, err := pr.ReadPacketConn(conn, timeout)
-		if err != nil {
-			return b, a, err
+	b, a, err := pr.ReadPacketConn(conn, timeout)
+	for err == nil {
+		if src, udp := remoteAddrPort(a); !udp || r.l.Allow(src) {
+			break
 		}
-		if src, udp := remoteAddrPort(a); udp && !r.l.Allow(src) {
+		if !r.own {
+			b, a, err = pr.ReadPacketConn(conn, timeout)
 			continue
 		}
-		return b, a, nil
+		var n int
+		if n, a, err = conn.ReadFrom(b[:cap(b)]); err != nil {
+			return nil, nil, err
+		}
+		b = b[:n]
 	}
+	return b, a, err
 }
