@@ -214,3 +214,259 @@ func TestHandlerLateWrite(t *testing.T) {
 		t.Errorf("late writes: %d succeeded, %d failed with ErrLateWrite; want none and some", lateOK.Load(), lateErrs.Load())
 	}
 }
+
+// malformedFamily is a query miekg/dns answers (or ignores) by itself before any
+// handler runs, and the reason ConfigureServer counts it under.
+type malformedFamily struct {
+	name   string
+	reason MalformedReason
+	b      []byte
+}
+
+func malformedFamilies(t testing.TB) []malformedFamily {
+	t.Helper()
+	hdr := func(id uint16, flags uint16, qd, an, ns, ar uint16) []byte {
+		return []byte{byte(id >> 8), byte(id), byte(flags >> 8), byte(flags), byte(qd >> 8), byte(qd),
+			byte(an >> 8), byte(an), byte(ns >> 8), byte(ns), byte(ar >> 8), byte(ar)}
+	}
+	const tc = 1 << 9
+	root := []byte{0, 0, 1, 0, 1} // ". IN A"
+	two := new(dns.Msg)
+	two.SetQuestion("a.example.test.", dns.TypeA)
+	two.Question = append(two.Question, dns.Question{Name: "b.example.test.", Qtype: dns.TypeA, Qclass: dns.ClassINET})
+	twoQ, err := two.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := hdr(7, 0, 1, 0, 0, 0)
+	for range 5 {
+		long = append(long, 63)
+		for range 63 {
+			long = append(long, 'x')
+		}
+	}
+	long = append(long, root...)
+	status := query("www.example.test.", dns.TypeA, false)
+	status.Opcode = dns.OpcodeStatus
+	statusQ, err := status.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []malformedFamily{
+		{"short", MalformedShort, []byte{1, 2, 3, 4, 5}},
+		{"response", MalformedResponse, append(hdr(3, 1<<15, 1, 0, 0, 0), root...)},
+		{"qdcount-0", MalformedQuestionCount, hdr(4, tc|1<<8, 0, 0, 0, 0)}, // TC and RD set
+		{"qdcount-2", MalformedQuestionCount, twoQ},
+		{"arcount-3", MalformedSectionCount, append(hdr(5, 0, 1, 0, 0, 3), root...)},
+		{"label-over-63", MalformedName, append(hdr(6, tc, 1, 0, 0, 0), 0x40, 'x', 0, 0, 1, 0, 1)}, // label type 01
+		{"name-over-255", MalformedName, long},
+		{"pointer-loop", MalformedName, append(hdr(9, 0, 1, 0, 0, 0), 0xc0, 12, 0, 1, 0, 1)},
+		{"truncated", MalformedTruncated, append(hdr(8, 0, 1, 0, 0, 0), 3, 'w', 'w')},
+		{"opcode-status", MalformedOpcode, statusQ},
+	}
+}
+
+func TestConfigureServerMalformed(t *testing.T) {
+	// Every family of malformed query, and random bytes, from one address at ten
+	// times errors-per-second: the replies stay within the errors allowance (the
+	// clock stands still, so it is one second's worth), none has TC set, each
+	// query is counted once by its reason, and a good query is answered at once.
+	const eps = 5
+	r := NewRRL(fixedConfig(t, "errors-per-second", "5", "responses-per-second", "100", "slip-ratio", "1"))
+	h := NewHandler(new(handlerZone), r)
+	pc := listenUDP(t)
+	srv := &dns.Server{PacketConn: pc, Handler: h}
+	h.ConfigureServer(srv)
+	serve(t, srv)
+
+	want := map[MalformedReason]uint64{}
+	var packets [][]byte
+	rng := rand.New(rand.NewPCG(1, 2))
+	for len(packets) < 10*eps*2 {
+		for _, f := range malformedFamilies(t) {
+			packets = append(packets, f.b)
+			want[f.reason]++
+		}
+		g := make([]byte, 12+rng.IntN(60))
+		for i := range g {
+			g[i] = byte(rng.Uint32())
+		}
+		g[5] = 1 + byte(rng.IntN(2)) // QDCOUNT 1 or 257: some unpack, some do not
+		packets = append(packets, g) // any reason
+	}
+	c, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 97, 0, 1)}, pc.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, b := range packets {
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replies := 0
+	buf := make([]byte, 1500)
+	for {
+		c.SetReadDeadline(time.Now().Add(silenceWait))
+		n, err := c.Read(buf)
+		if err != nil {
+			break
+		}
+		replies++
+		m := new(dns.Msg)
+		if err := m.Unpack(buf[:n]); err != nil {
+			t.Errorf("reply does not unpack: %v", err)
+			continue
+		}
+		if m.Rcode != dns.RcodeFormatError && m.Rcode != dns.RcodeNotImplemented {
+			t.Errorf("reply with rcode %s to a malformed query", dns.RcodeToString[m.Rcode])
+		}
+		if m.Truncated {
+			t.Errorf("error reply with TC set: %v", m)
+		}
+	}
+	t.Logf("%d malformed queries, %d replies", len(packets), replies)
+	if replies == 0 || replies > eps {
+		t.Errorf("%d replies to %d malformed queries from one address, want 1 to %d (errors-per-second)", replies, len(packets), eps)
+	}
+	// The good query from the same address is answered at once.
+	q := query("www.example.test.", dns.TypeA, false)
+	b, _ := q.Pack()
+	c.Write(b)
+	c.SetReadDeadline(time.Now().Add(answerWait))
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatalf("good query not answered: %v", err)
+	}
+	if m := new(dns.Msg); m.Unpack(buf[:n]) != nil || m.Id != q.Id || len(m.Answer) != 1 {
+		t.Fatalf("good query: reply %x", buf[:n])
+	}
+
+	st := h.Stats()
+	var total uint64
+	for reason, n := range st.Malformed {
+		total += n
+		if n < want[MalformedReason(reason)] {
+			t.Errorf("Malformed[%v] = %d, want at least %d", MalformedReason(reason), n, want[MalformedReason(reason)])
+		}
+	}
+	if total != uint64(len(packets)) {
+		t.Errorf("%d malformed queries counted, %d sent: %v", total, len(packets), st.Malformed)
+	}
+	if sent := st.Responses[Send][AllowanceError]; sent != uint64(replies) {
+		t.Errorf("Responses[Send][Error] = %d, %d replies came", sent, replies)
+	}
+	if st.Responses[Drop][AllowanceError] == 0 || st.Responses[Slip][AllowanceError] != 0 {
+		t.Errorf("error replies: %d dropped, %d slipped; want some dropped, none slipped",
+			st.Responses[Drop][AllowanceError], st.Responses[Slip][AllowanceError])
+	}
+}
+
+func TestHandlerEDNS(t *testing.T) {
+	// RFC 6891: an EDNS version above 0 gets BADVERS with the server's OPT record
+	// (version 0), two OPT records get FORMERR, and neither copies the query's TC
+	// bit. Both are error responses: errors-per-second limits them.
+	r := NewRRL(fixedConfig(t, "errors-per-second", "2", "responses-per-second", "100"))
+	h := NewHandler(new(handlerZone), r)
+	pc := listenUDP(t)
+	serve(t, &dns.Server{PacketConn: pc, Handler: h})
+	addr := pc.LocalAddr().String()
+
+	v1 := func() *dns.Msg {
+		q := query("www.example.test.", dns.TypeA, true)
+		q.IsEdns0().SetVersion(1)
+		q.Truncated = true
+		return q
+	}
+	twoOPT := func() *dns.Msg {
+		q := query("www.example.test.", dns.TypeA, true)
+		q.Extra = append(q.Extra, &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT, Class: 512}})
+		q.Truncated = true
+		return q
+	}
+	tests := []struct {
+		name    string
+		q       *dns.Msg
+		rcode   int
+		reason  MalformedReason
+		replied bool
+	}{
+		{"version-1", v1(), dns.RcodeBadVers, MalformedEDNSVersion, true},
+		{"two-opt", twoOPT(), dns.RcodeFormatError, MalformedOPTCount, true},
+		// errors-per-second 2 with the clock standing still: the third error is dropped.
+		{"version-1-limited", v1(), 0, MalformedEDNSVersion, false},
+	}
+	for _, tt := range tests {
+		wait := answerWait
+		if !tt.replied {
+			wait = silenceWait
+		}
+		resp := exchange(t, "udp", addr, tt.q, wait)
+		if !tt.replied {
+			if resp != nil {
+				t.Errorf("%s: reply over the errors allowance: %v", tt.name, resp)
+			}
+			continue
+		}
+		if resp == nil {
+			t.Fatalf("%s: no reply", tt.name)
+		}
+		opt := resp.IsEdns0()
+		if resp.Rcode != tt.rcode || opt == nil || opt.Version() != 0 || resp.Truncated ||
+			len(resp.Answer) != 0 || len(resp.Question) != 1 {
+			t.Errorf("%s: reply %v, want rcode %s, an OPT record of version 0, no TC, the question only",
+				tt.name, resp, dns.RcodeToString[tt.rcode])
+		}
+	}
+	st := h.Stats()
+	if st.Malformed[MalformedEDNSVersion] != 2 || st.Malformed[MalformedOPTCount] != 1 ||
+		st.Responses[Send][AllowanceError] != 2 || st.Responses[Drop][AllowanceError] != 1 {
+		t.Errorf("stats %+v", st)
+	}
+	// A version 0 query is answered as usual.
+	if resp := exchange(t, "udp", addr, query("www.example.test.", dns.TypeA, true), answerWait); resp == nil || len(resp.Answer) != 1 {
+		t.Errorf("EDNS 0 query: %v", resp)
+	}
+}
+
+func TestHandlerTCPLimitedCloses(t *testing.T) {
+	// A TCP query refused by requests-per-second closes its connection at once:
+	// the client is not left waiting for the idle timeout, and its slot in the
+	// TCPLimiter is free again.
+	r := NewRRL(fixedConfig(t, "requests-per-second", "1"))
+	h := NewHandler(new(handlerZone), r)
+	l := LimitListener(listenTCP(t), 1)
+	serve(t, &dns.Server{Listener: l, Handler: h, IdleTimeout: func() time.Duration { return time.Minute },
+		ReadTimeout: time.Minute})
+	c, err := net.DialTimeout("tcp", l.Addr().String(), answerWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn := &dns.Conn{Conn: c}
+	for i := range 2 {
+		if err := conn.WriteMsg(query("www.example.test.", dns.TypeA, false)); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(answerWait))
+		resp, err := conn.ReadMsg()
+		switch {
+		case i == 0 && err != nil:
+			t.Fatalf("first query: %v", err)
+		case i == 1 && err == nil:
+			t.Fatalf("second query answered over requests-per-second: %v", resp)
+		case i == 1 && isTimeout(err):
+			t.Fatalf("second query: %v; want the connection closed", err)
+		}
+	}
+	for deadline := time.Now().Add(answerWait); l.Stats().Open != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("slot still held: %+v", l.Stats())
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
