@@ -12,7 +12,8 @@
 // It serves the embedded zone example.test. (see example.test.zone), or the zone in
 // FILE, over UDP and TCP. Every rrl configuration keyword is a flag of its own name
 // (-responses-per-second 5, -slip-ratio 2, -report-only, ...); only the flags given
-// are applied. -metrics serves Prometheus metrics at http://ADDR/metrics. SIGINT or
+// are applied. -metrics serves Prometheus metrics at http://ADDR/metrics (the server's
+// own, the Go runtime's and the process's). SIGINT or
 // SIGTERM shuts the server down gracefully.
 //
 // With -demo it serves on a loopback port of its own and, for ten seconds, sends
@@ -39,6 +40,7 @@ import (
 	"github.com/dnsrake/rrl"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -249,6 +251,8 @@ func startServer(c serverConfig) (*server, error) {
 	}
 	s.tcpSrv = &dns.Server{Listener: s.tcp, Handler: h, ReadTimeout: 5 * time.Second}
 	for _, srv := range []*dns.Server{s.udpSrv, s.tcpSrv} {
+		// miekg/dns's own replies to malformed queries go through the limits too.
+		s.handler.ConfigureServer(srv)
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }
 		go func() { s.errc <- srv.ActivateAndServe() }()
@@ -320,8 +324,14 @@ func (s *server) serveMetrics(addr string, log io.Writer) error {
 		opts = append(opts, rrl.CollectLimiter(s.limiter))
 	}
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(rrl.NewCollector("dns", s.rrl, opts...)); err != nil {
-		return err
+	for _, c := range []prometheus.Collector{
+		rrl.NewCollector("dns", s.rrl, opts...),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
