@@ -23,24 +23,32 @@ import (
 //  1. with a Limiter (WithLimiter, for servers where the kernel filter is not
 //     attached), drops UDP queries the Limiter refuses before the inner handler sees
 //     them;
-//  2. with Cookies (WithCookies), judges the query's COOKIE option (RFC 7873) and
+//  2. answers, without calling the inner handler and as an error response (steps 4
+//     and 5), a query it cannot serve: NOTIMP for an opcode other than QUERY and
+//     NOTIFY, FORMERR for a QUERY without exactly one question or with more than
+//     one OPT record, BADVERS (with an OPT record of version 0) for an EDNS version
+//     above 0 (RFC 6891), counting them in HandlerStats.Malformed;
+//  3. with Cookies (WithCookies), judges the query's COOKIE option (RFC 7873) and
 //     answers FORMERR, without calling the inner handler, when it is malformed;
-//  3. calls the inner handler with a wrapped ResponseWriter and catches the first
+//  4. calls the inner handler with a wrapped ResponseWriter and catches the first
 //     message it writes;
-//  4. sends that response unlimited when the query came over UDP with a valid server
+//  5. sends that response unlimited when the query came over UDP with a valid server
 //     cookie (the client has shown it receives packets at its address, RFC 7873;
 //     BIND 9 skips rate limiting for them too); otherwise debits the response's tuple (ResponseTupleFromMsg) with
 //     RRL.DebitAddrPort, which for TCP applies requests-per-second only (or, for UDP
 //     behind a request limiter, WithRequestsLimited, with RRL.DebitResponse);
-//  5. acts on the verdict: Send writes the response, Drop writes nothing, and Slip
+//  6. acts on the verdict: Send writes the response, Drop writes nothing (and, over
+//     TCP, closes the connection, so that a client refused by requests-per-second
+//     is not left to wait for the idle timeout while holding a connection), and Slip
 //     writes BADCOOKIE with a fresh server cookie when the query carried a client
 //     cookie (RFC 7873 section 5.2.3 allows it; BIND 9 slips so), otherwise the response truncated (TC=1, no answer, authority or
 //     additional records besides the OPT record) so that a real client retries over
 //     TCP. An error response (the AllowanceError category: REFUSED, SERVFAIL, FORMERR
 //     and the rest) is never slipped but dropped, as BIND 9 does: a truncated error
 //     tells a client nothing it could retry for, and FORMERR or REFUSED may be
-//     exactly what a spoofed flood provokes;
-//  6. puts a server cookie into every response it writes to a query that carried a
+//     exactly what a spoofed flood provokes. FORMERR and NOTIMP are written with
+//     TC clear;
+//  7. puts a server cookie into every response it writes to a query that carried a
 //     client cookie (with Cookies).
 //
 // In report-only mode Debit always returns Send, so nothing is withheld and the
@@ -51,15 +59,20 @@ import (
 // The inner handler's message is never modified (it may be cached and shared): a
 // response that needs a cookie or a slip is written from a shallow copy. A response
 // written as raw bytes (ResponseWriter.Write) is unpacked to be judged. The wrapped
-// ResponseWriter, like miekg/dns's own, must not be used after the inner handler's
-// ServeDNS returns.
+// ResponseWriter, like miekg/dns's own, is meant to be used only until the inner
+// handler's ServeDNS returns; after that its writes fail with ErrLateWrite and reach
+// no one (its state is pooled and serves other queries).
+//
+// miekg/dns answers some malformed queries itself, before any handler runs:
+// ConfigureServer brings those replies under the same limits.
 //
 // An answer synthesised from a wildcard is accounted to the wildcard (see
 // ResponseTupleFromMsg): the inner handler says so with SetWildcardOrigin on its
 // ResponseWriter, or the Handler asks a WithWildcardFunc hook.
 //
 // A Handler is safe for concurrent use. On the Send path without cookies it
-// allocates nothing beyond what miekg/dns does; Stats returns its counters.
+// allocates nothing beyond what miekg/dns does but a 512-byte block of writer leases
+// once every 32 queries; Stats returns its counters.
 type Handler struct {
 	next     dns.Handler
 	rrl      *RRL

@@ -48,6 +48,10 @@ func listenTCP(t testing.TB) net.Listener {
 	return l
 }
 
+// packetConn hides that its PacketConn is a *net.UDPConn, so that miekg/dns reads
+// it with ReadPacketConn.
+type packetConn struct{ net.PacketConn }
+
 func TestLimitReaderReusesBuffer(t *testing.T) {
 	// A flood the Limiter refuses costs the server no read buffers: a refused
 	// datagram's buffer takes the next one. The server's buffers are 4 KiB here,
@@ -55,6 +59,16 @@ func TestLimitReaderReusesBuffer(t *testing.T) {
 	if handlerRace {
 		t.Skip("the race detector allocates")
 	}
+	for _, generic := range []bool{false, true} {
+		name := "UDPConn"
+		if generic {
+			name = "PacketConn"
+		}
+		t.Run(name, func(t *testing.T) { testLimitReaderReusesBuffer(t, generic) })
+	}
+}
+
+func testLimitReaderReusesBuffer(t *testing.T, generic bool) {
 	cfg := NewConfig()
 	if err := cfg.SetValue("requests-per-second", "10"); err != nil {
 		t.Fatal(err)
@@ -70,7 +84,11 @@ func TestLimitReaderReusesBuffer(t *testing.T) {
 		w.WriteMsg(m)
 	})
 	pc := listenUDP(t)
-	serve(t, &dns.Server{PacketConn: pc, Handler: NewHandler(inner, NewRRL(NewConfig())),
+	var conn net.PacketConn = pc
+	if generic {
+		conn = packetConn{pc}
+	}
+	serve(t, &dns.Server{PacketConn: conn, Handler: NewHandler(inner, NewRRL(NewConfig())),
 		UDPSize: udpSize, DecorateReader: LimitReader(lim)})
 	flood, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 99, 0, 4)}, pc.LocalAddr().(*net.UDPAddr))
 	if err != nil {
@@ -469,4 +487,42 @@ func TestHandlerTCPLimitedCloses(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func TestConfigureServerHandlerErrors(t *testing.T) {
+	// An error reply of the inner handler shaped like miekg/dns's own (FORMERR, no
+	// records) is debited once, not again by ConfigureServer's writer, and the TC
+	// bit it copied from the query is cleared.
+	inner := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetRcode(req, dns.RcodeFormatError)
+		m.Truncated = req.Truncated
+		w.WriteMsg(m)
+	})
+	r := NewRRL(fixedConfig(t, "errors-per-second", "2"))
+	h := NewHandler(inner, r)
+	pc := listenUDP(t)
+	srv := &dns.Server{PacketConn: pc, Handler: h}
+	h.ConfigureServer(srv)
+	serve(t, srv)
+	for i := range 3 {
+		q := query("www.example.test.", dns.TypeA, false)
+		q.Truncated = true
+		wait := answerWait
+		if i == 2 {
+			wait = silenceWait
+		}
+		resp := exchange(t, "udp", pc.LocalAddr().String(), q, wait)
+		switch {
+		case i < 2 && resp == nil:
+			t.Fatalf("query %d: no reply within the errors allowance of 2", i)
+		case i < 2 && (resp.Rcode != dns.RcodeFormatError || resp.Truncated):
+			t.Errorf("query %d: reply %v, want FORMERR without TC", i, resp)
+		case i == 2 && resp != nil:
+			t.Errorf("query %d: reply over the errors allowance: %v", i, resp)
+		}
+	}
+	if st := r.GetStats(false); st.RPS[AllowanceError] != 3 {
+		t.Errorf("%d error debits for 3 replies", st.RPS[AllowanceError])
+	}
 }
