@@ -89,6 +89,7 @@ type Handler struct {
 	limited      atomic.Uint64
 	cookieCounts [CookieResultLast]atomic.Uint64
 	malformed    [MalformedLast]atomic.Uint64
+	configured   sync.Map // *dns.Server: ConfigureServer was called for it
 }
 
 // HandlerOption configures a Handler.
@@ -204,9 +205,13 @@ func (h *Handler) Stats() HandlerStats {
 }
 
 // ServeDNS implements dns.Handler.
-func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) { h.serve(w, req, h.limiter) }
+
+// serve is ServeDNS with the request limiter to apply to UDP queries (nil: none,
+// because the server's reader applied it already).
+func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
 	src, udp := remoteAddrPort(w.RemoteAddr())
-	if udp && h.limiter != nil && !h.limiter.Allow(src) {
+	if udp && limiter != nil && !limiter.Allow(src) {
 		h.limited.Add(1)
 		return
 	}
@@ -757,11 +762,14 @@ func hexString(b []byte) string {
 // own reader underneath: set the result as Server.DecorateReader, or apply it to
 // the reader the server passes before any other decorator. Over another reader it
 // calls that reader for every datagram, and each refused one costs its buffer.
-func LimitReader(l *Limiter) dns.DecorateReader {
+func LimitReader(l *Limiter) dns.DecorateReader { return limitReaderCounted(l, nil) }
+
+// limitReaderCounted is LimitReader counting refusals in h's RequestsLimited too.
+func limitReaderCounted(l *Limiter, h *Handler) dns.DecorateReader {
 	return func(r dns.Reader) dns.Reader {
 		t := reflect.TypeOf(r)
 		own := t != nil && t.PkgPath() == "github.com/miekg/dns" && t.Name() == "defaultReader"
-		return &limitReader{Reader: r, l: l, own: own}
+		return &limitReader{Reader: r, l: l, h: h, own: own}
 	}
 }
 
@@ -769,7 +777,15 @@ func LimitReader(l *Limiter) dns.DecorateReader {
 type limitReader struct {
 	dns.Reader
 	l   *Limiter
-	own bool // Reader is miekg/dns's: its buffers may be read into again
+	h   *Handler // nil, or the Handler whose RequestsLimited counts refusals
+	own bool     // Reader is miekg/dns's: its buffers may be read into again
+}
+
+// refused counts a query l refused.
+func (r *limitReader) refused() {
+	if r.h != nil {
+		r.h.limited.Add(1)
+	}
 }
 
 // ReadUDP returns the next query l allows. After a refused datagram it reads the
@@ -782,6 +798,7 @@ func (r *limitReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte,
 		if ua, ok := s.RemoteAddr().(*net.UDPAddr); !ok || r.l.Allow(ua.AddrPort()) {
 			break
 		}
+		r.refused()
 		if !r.own {
 			b, s, err = r.Reader.ReadUDP(conn, timeout)
 			continue
@@ -807,6 +824,7 @@ func (r *limitReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration)
 		if src, udp := remoteAddrPort(a); !udp || r.l.Allow(src) {
 			break
 		}
+		r.refused()
 		if !r.own {
 			b, a, err = pr.ReadPacketConn(conn, timeout)
 			continue

@@ -295,6 +295,7 @@ func TestConfigureServerMalformed(t *testing.T) {
 	pc := listenUDP(t)
 	srv := &dns.Server{PacketConn: pc, Handler: h}
 	h.ConfigureServer(srv)
+	h.ConfigureServer(srv) // does nothing more: nothing is counted or debited twice
 	serve(t, srv)
 
 	want := map[MalformedReason]uint64{}

@@ -46,8 +46,8 @@ func (r MalformedReason) String() string {
 // bad question count or a message that does not unpack, NOTIMP for an unknown
 // opcode); ConfigureServer installs a DecorateWriter that sends those replies
 // through the limits of h as error responses (errors-per-second; over the
-// allowance they are dropped, never slipped, as BIND 9 does; with WithLimiter, UDP
-// ones also pass the Limiter), with the query's TC bit cleared, and a
+// allowance they are dropped, never slipped, as BIND 9 does), with the query's TC
+// bit cleared, and a
 // MsgAcceptFunc and MsgInvalidFunc that count them in HandlerStats.Malformed by
 // reason. A refused one over TCP closes the connection, as in ServeDNS.
 //
@@ -56,9 +56,14 @@ func (r MalformedReason) String() string {
 // wraps the server's writer, under the one ConfigureServer adds. Error replies of
 // the same shape that other handlers of srv write with WriteMsg are limited too;
 // the Handler writes its own such replies with Write, past the DecorateWriter, so
-// that they are not debited twice. Call ConfigureServer before the server starts,
-// once per server; srv.Handler is left alone (it is normally h, or leads to it).
+// that they are not debited twice. Call ConfigureServer before the server starts;
+// calling it again for the same server does nothing. srv.Handler is left alone (it
+// is normally h, or leads to it). The servers of a Protection are configured
+// already.
 func (h *Handler) ConfigureServer(srv *dns.Server) {
+	if _, done := h.configured.LoadOrStore(srv, struct{}{}); done {
+		return
+	}
 	accept := srv.MsgAcceptFunc
 	if accept == nil {
 		accept = dns.DefaultMsgAcceptFunc
@@ -137,10 +142,6 @@ func (g *errorGuard) Write(b []byte) (int, error) {
 	}
 	h := g.h
 	src, udp := remoteAddrPort(rw.RemoteAddr())
-	if udp && h.limiter != nil && !h.limiter.Allow(src) {
-		h.limited.Add(1)
-		return len(b), nil
-	}
 	t := ResponseTuple{AllowanceCategory: AllowanceError}
 	if act := h.debit(src, udp, &t); act != Send {
 		h.responses[Drop][AllowanceError].Add(1)
