@@ -527,3 +527,73 @@ func TestConfigureServerHandlerErrors(t *testing.T) {
 		t.Errorf("%d error debits for 3 replies", st.RPS[AllowanceError])
 	}
 }
+
+func TestHandlerLateWriteDuringNextQuery(t *testing.T) {
+	// The writer of a finished query, used while the next query is being served
+	// (from the same pooled state, in all likelihood), fails and writes nothing
+	// to the next query's client.
+	var kept dns.ResponseWriter
+	var lateErr error
+	inner := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
+		if kept == nil {
+			kept = w
+			return
+		}
+		m := new(dns.Msg)
+		m.SetReply(req)
+		lateErr = kept.WriteMsg(m) // the first query's writer, during the second
+		w.WriteMsg(m)
+	})
+	h := NewHandler(inner, NewRRL(NewConfig()))
+	first := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}
+	second := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 2), Port: 5000}}
+	h.ServeDNS(first, query("a.example.test.", dns.TypeA, false))
+	h.ServeDNS(second, query("b.example.test.", dns.TypeA, false))
+	if !errors.Is(lateErr, ErrLateWrite) {
+		t.Errorf("late write: %v, want ErrLateWrite", lateErr)
+	}
+	if first.msgs != 0 || second.msgs != 1 {
+		t.Errorf("%d messages to the first client, %d to the second; want 0 and 1", first.msgs, second.msgs)
+	}
+	if a := kept.RemoteAddr(); a == nil || a.String() != "" {
+		t.Errorf("RemoteAddr of an ended writer: %v", a)
+	}
+}
+
+func TestConfigureServerTCP(t *testing.T) {
+	// Over TCP, miekg/dns's reply to a malformed query is under requests-per-second
+	// like any other: over it the connection is closed.
+	r := NewRRL(fixedConfig(t, "requests-per-second", "1"))
+	h := NewHandler(new(handlerZone), r)
+	l := listenTCP(t)
+	srv := &dns.Server{Listener: l, Handler: h, ReadTimeout: time.Minute, IdleTimeout: func() time.Duration { return time.Minute }}
+	h.ConfigureServer(srv)
+	serve(t, srv)
+	c, err := net.DialTimeout("tcp", l.Addr().String(), answerWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	noQuestion := []byte{0, 12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} // length 12, QDCOUNT 0
+	buf := make([]byte, 512)
+	for i := range 2 {
+		if _, err := c.Write(noQuestion); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(answerWait))
+		n, err := c.Read(buf)
+		switch {
+		case i == 0 && err != nil:
+			t.Fatalf("first malformed query: %v", err)
+		case i == 0 && (n < 2+12 || buf[2+3]&0xf != dns.RcodeFormatError):
+			t.Fatalf("first malformed query: reply %x, want FORMERR", buf[:n])
+		case i == 1 && err == nil:
+			t.Fatalf("second malformed query answered over requests-per-second: %x", buf[:n])
+		case i == 1 && isTimeout(err):
+			t.Fatalf("second malformed query: %v; want the connection closed", err)
+		}
+	}
+	if st := h.Stats(); st.Malformed[MalformedQuestionCount] != 2 || st.Responses[Drop][AllowanceError] != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
