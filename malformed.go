@@ -22,7 +22,7 @@ const (
 	MalformedQuestionCount                        // a QUERY without exactly one question: FORMERR
 	MalformedSectionCount                         // more answer, authority or additional records than a query has: FORMERR
 	MalformedTruncated                            // a record or question runs past the end: FORMERR
-	MalformedName                                 // a reserved label type (a length over 63), a name over 255 octets, a compression loop: FORMERR
+	MalformedName                                 // a reserved label type (a length over 63; miekg/dns reports some bad record data alike), a name over 255 octets, a compression loop: FORMERR
 	MalformedOther                                // any other record that does not unpack: FORMERR
 	MalformedOPTCount                             // more than one OPT record: FORMERR
 	MalformedEDNSVersion                          // an EDNS version above 0: BADVERS
