@@ -358,3 +358,83 @@ func TestAttachAuthserver(t *testing.T) {
 		t.Errorf("after detach the server's sockets have filters %v", kinds)
 	}
 }
+
+// TestAttachErrors: a wrong PID, no matching socket, a TCP-only listen address and
+// no privilege each fail with a clear error, leaving nothing attached or pinned; bad
+// usage exits 2.
+func TestAttachErrors(t *testing.T) {
+	pin := filepath.Join(bpffs(t), "errors")
+	bin := buildTool(t, "github.com/dnsrake/rrl/cmd/rrlctl", "rrlctl")
+
+	// This process is the target: a UDP socket on 127.0.0.2 and a TCP listener on
+	// 127.0.0.1, both on one port.
+	port := freePort(t)
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2), Port: int(port)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	tcp, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	self := strconv.Itoa(os.Getpid())
+	tcpOnly := fmt.Sprintf("127.0.0.1:%d", port)
+	udpAddr := fmt.Sprintf("127.0.0.2:%d", port)
+	free := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+
+	cases := []struct {
+		name string
+		uid  int // run the built binary as this user; 0: in this process
+		args []string
+		code int
+		want string
+	}{
+		{"wrong PID", 0, []string{"attach", "-pid", strconv.Itoa(exited.Process.Pid), "-listen", udpAddr}, exitError, "no such process"},
+		{"no socket", 0, []string{"attach", "-pid", self, "-listen", free}, exitError, "has no UDP socket bound to " + free},
+		{"TCP only", 0, []string{"attach", "-pid", self, "-listen", tcpOnly}, exitError, "only TCP sockets"},
+		{"no privilege", 65534, []string{"attach", "-pid", self, "-listen", udpAddr}, exitError, "needs root or CAP_SYS_PTRACE"},
+		{"detach, no privilege", 65534, []string{"detach", "-pid", self, "-listen", udpAddr}, exitError, "needs root or CAP_SYS_PTRACE"},
+		{"detach, TCP only", 0, []string{"detach", "-pid", self, "-listen", tcpOnly}, exitError, "only TCP sockets"},
+		{"no -pid", 0, []string{"attach", "-listen", udpAddr}, exitUsage, "-pid PID is required"},
+		{"no -listen", 0, []string{"attach", "-pid", self}, exitUsage, "-listen ADDR:PORT is required"},
+		{"port 0", 0, []string{"attach", "-pid", self, "-listen", "127.0.0.1:0"}, exitUsage, "port 0"},
+		{"bad address", 0, []string{"detach", "-pid", self, "-listen", "localhost:53"}, exitUsage, "-listen localhost:53"},
+		{"bad keyword value", 0, []string{"attach", "-pid", self, "-listen", udpAddr, "-requests-per-second", "lots"}, exitUsage, "requests-per-second"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args := append(c.args, "-pin", pin)
+			var code int
+			var out string
+			if c.uid == 0 {
+				var o, e string
+				code, o, e = rrlctl(args...)
+				out = o + e
+			} else {
+				cmd := exec.Command(bin, args...)
+				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(c.uid), Gid: uint32(c.uid)}}
+				b, err := cmd.CombinedOutput()
+				var ee *exec.ExitError
+				if err != nil && !errors.As(err, &ee) {
+					t.Fatal(err)
+				}
+				code, out = cmd.ProcessState.ExitCode(), string(b)
+			}
+			if code != c.code || !strings.Contains(out, c.want) {
+				t.Errorf("rrlctl %q: exit %d, want %d with %q; output:\n%s", args, code, c.code, c.want, out)
+			}
+			if _, err := os.Stat(pin); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("the pin directory exists after the failure: %v", err)
+			}
+			if k, err := procsock.AttachedFilter(udp); err != nil || k != procsock.NoFilter {
+				t.Errorf("this process's UDP socket has filter %q (%v)", k, err)
+			}
+		})
+	}
+}
