@@ -117,6 +117,14 @@ and a pin directory attach created is removed.`,
 				k.Close()
 			}
 		}()
+		// A filter already there (the server's own, or an earlier attach) is replaced:
+		// say so.
+		var replaced []procsock.Socket
+		for i, k := range conns {
+			if kind, err := procsock.AttachedFilter(k); err == nil && kind != procsock.NoFilter {
+				replaced = append(replaced, socks[i])
+			}
+		}
 		f, created, err := openOrLoad(c.pin, kw)
 		if err != nil {
 			return err
@@ -149,6 +157,9 @@ and a pin directory attach created is removed.`,
 			verb = "loaded and attached the filter pinned in"
 		}
 		fmt.Fprintf(c.stdout, "%s %s to %d socket(s) of process %d: %s\n", verb, c.pin, len(socks), t.pid, describe(socks))
+		if len(replaced) > 0 {
+			fmt.Fprintf(c.stdout, "replaced the filter those sockets had on %s\n", describe(replaced))
+		}
 		fmt.Fprintf(c.stdout, "if the server restarts, run this command again with its new PID\n")
 		return nil
 	},

@@ -185,7 +185,7 @@ func allKind(kinds []string, want string) bool {
 // floodResult is what a flood and a light client got from the server.
 type floodResult struct {
 	sent, answered     int
-	steady             int // answers in the second half of the flood
+	steady             int // answers in the last two thirds of the flood
 	lightSent, lightOK int
 }
 
@@ -231,7 +231,7 @@ func flood(t *testing.T, dst netip.AddrPort, rate int, dur time.Duration) floodR
 		n, steady := 0, 0
 		loadgen.ReadUntil(answers, stop, 300*time.Millisecond, dur+10*time.Second, func([]byte, netip.AddrPort) {
 			n++
-			if at := time.Since(start); at >= dur/2 && at < dur {
+			if at := time.Since(start); at >= dur/3 && at < dur {
 				steady++
 			}
 		})
@@ -271,15 +271,21 @@ func attachScenario(t *testing.T, pid int, addr netip.AddrPort, pin string) {
 		t.Fatalf("after attach the server's sockets have filters %v", kinds)
 	}
 
-	const dur = 2 * time.Second
+	// Attaching again replaces the filter with itself, and says so.
+	code, out, errOut = rrlctl("attach", "-pid", pidArg, "-listen", listen, "-pin", pin)
+	if code != exitOK || !strings.Contains(out, "replaced the filter") || strings.Contains(out, "loaded") {
+		t.Fatalf("second attach: exit %d: %s%s", code, out, errOut)
+	}
+
+	const dur = 3 * time.Second
 	r := flood(t, addr, floodFactor*attachRPS, dur)
 	st := statsOf(t, pin)
-	t.Logf("attached: sent %d, answered %d (%d in the second half); light client %d/%d; filter saw %d, passed %d",
+	t.Logf("attached: sent %d, answered %d (%d in the last two thirds); light client %d/%d; filter saw %d, passed %d",
 		r.sent, r.answered, r.steady, r.lightOK, r.lightSent, st.Counters["seen"], st.Counters["passed"])
-	// Once the sketch has learnt the flood's rate (the first half), the /24 gets its
+	// Once the sketch has learnt the flood's rate (the first third), the /24 gets its
 	// limit of 50 answers a second, where it sends 1,000.
-	if want := attachRPS * dur.Seconds() / 2; float64(r.steady) < 0.6*want || float64(r.steady) > 1.4*want {
-		t.Errorf("the flood got %d answers in the second half of %v, want about %.0f (limit %d/s; %d sent)", r.steady, dur, want, attachRPS, r.sent)
+	if want := attachRPS * dur.Seconds() * 2 / 3; float64(r.steady) < 0.65*want || float64(r.steady) > 1.35*want {
+		t.Errorf("the flood got %d answers in the last two thirds of %v, want about %.0f (limit %d/s; %d sent)", r.steady, dur, want, attachRPS, r.sent)
 	}
 	if r.answered > r.sent/4 {
 		t.Errorf("the flood got %d answers of %d sent", r.answered, r.sent)
@@ -436,5 +442,18 @@ func TestAttachErrors(t *testing.T) {
 				t.Errorf("this process's UDP socket has filter %q (%v)", k, err)
 			}
 		})
+	}
+}
+
+func TestDefaultAttachPin(t *testing.T) {
+	for _, c := range []struct{ listen, want string }{
+		{"127.0.0.1:53", "/sys/fs/bpf/rrl-127.0.0.1-53"},
+		{"0.0.0.0:5353", "/sys/fs/bpf/rrl-0.0.0.0-5353"},
+		{"[::1]:53", "/sys/fs/bpf/rrl-__1-53"},
+		{"[fe80::1%eth0]:53", "/sys/fs/bpf/rrl-fe80__1_eth0-53"},
+	} {
+		if got := defaultAttachPin(netip.MustParseAddrPort(c.listen)); got != c.want {
+			t.Errorf("defaultAttachPin(%s) = %s, want %s", c.listen, got, c.want)
+		}
 	}
 }
