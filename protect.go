@@ -87,6 +87,7 @@ type protectOptions struct {
 	cookies    *Cookies
 	noCookies  bool
 	pinDir     string
+	noFilter   bool
 	handler    []HandlerOption
 	tcpPerConn int
 }
@@ -104,6 +105,14 @@ func ProtectWithoutCookies() ProtectOption { return func(o *protectOptions) { o.
 // later); when that fails the Protection falls back as Attach does, and Status says
 // why.
 func ProtectPinned(dir string) ProtectOption { return func(o *protectOptions) { o.pinDir = dir } }
+
+// ProtectWithoutFilter attaches no kernel filter: the request limits apply in Go.
+// For a server whose sockets get a filter from outside (rrlctl attach), which should
+// then leave requests-per-second at 0 in cfg so as not to limit twice.
+func ProtectWithoutFilter() ProtectOption { return func(o *protectOptions) { o.noFilter = true } }
+
+// errFilterOff is Status.Reason under ProtectWithoutFilter.
+var errFilterOff = errors.New("rrl: kernel filter turned off (ProtectWithoutFilter)")
 
 // ProtectHandler passes options to the Handler (WithWildcardFunc, WithClock).
 // WithLimiter and WithRequestsLimited are set by Protect and must not be given.
@@ -167,6 +176,11 @@ func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOpt
 func (p *Protection) attach(udp *net.UDPConn) error {
 	var f *Filter
 	var err error
+	if p.opts.noFilter {
+		p.status = Status{Filter: ModeNone, Requests: RequestsInGo, Reason: errFilterOff}
+		p.limiter, err = NewLimiter(p.cfg)
+		return err
+	}
 	if p.opts.pinDir != "" {
 		f, err = AttachPinned(udp, p.opts.pinDir)
 		if err == nil {

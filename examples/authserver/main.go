@@ -32,6 +32,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -58,6 +59,7 @@ type options struct {
 	metrics     string
 	tcpConns    int
 	settings    [][2]string // keyword, value: the rrl flags given, in order
+	noFilter    bool
 	demo        bool
 	demoDur     time.Duration
 	demoRate    float64
@@ -74,6 +76,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.origin, "origin", "", "origin of -zone for relative names, when the file has no $ORIGIN")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at http://`address`/metrics")
 	fs.IntVar(&o.tcpConns, "tcp-conns-per-client", rrl.DefaultTCPConnsPerClient, "concurrent TCP connections per IPv4 address or IPv6 /64")
+	fs.BoolFunc("kernel-filter", "attach the kernel filter to the UDP socket (default true; false: the Go request limiter only, e.g. under rrlctl attach)", func(v string) error {
+		on, err := strconv.ParseBool(v)
+		o.noFilter = !on
+		return err
+	})
 	fs.BoolVar(&o.demo, "demo", false, "serve on loopback and send itself legitimate traffic and a spoofed flood, then print a report")
 	fs.DurationVar(&o.demoDur, "demo-duration", 10*time.Second, "how long the -demo traffic runs")
 	fs.Float64Var(&o.demoRate, "demo-flood-rate", 10000, "flood packets per second in -demo")
@@ -142,7 +149,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
 	}
-	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo})
+	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo, noFilter: o.noFilter})
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
@@ -190,6 +197,7 @@ type serverConfig struct {
 	metrics  string    // "" for none
 	log      io.Writer // the start-up lines
 	observe  bool      // count what reaches clients, for the demo
+	noFilter bool      // no kernel filter: the Go request limiter only
 }
 
 // server is a running authserver.
@@ -221,7 +229,11 @@ func startServer(c serverConfig) (*server, error) {
 		s.observer = new(observer)
 		zone = s.observer.inner(zone)
 	}
-	p, err := rrl.Protect(udp, zone, c.cfg, rrl.ProtectTCPConnsPerClient(c.tcpConns))
+	opts := []rrl.ProtectOption{rrl.ProtectTCPConnsPerClient(c.tcpConns)}
+	if c.noFilter {
+		opts = append(opts, rrl.ProtectWithoutFilter())
+	}
+	p, err := rrl.Protect(udp, zone, c.cfg, opts...)
 	if err != nil {
 		udp.Close()
 		ln.Close()

@@ -268,6 +268,12 @@ func TestFlags(t *testing.T) {
 			t.Errorf("setting %d: %v, want %v", i, o.settings[i], want[i])
 		}
 	}
+	if o.noFilter {
+		t.Error("the kernel filter is off by default")
+	}
+	if o, err = parseFlags([]string{"-kernel-filter=false"}, io.Discard); err != nil || !o.noFilter {
+		t.Errorf("-kernel-filter=false: %+v, %v", o, err)
+	}
 	// Every keyword is a flag; bad values and unknown flags are usage errors.
 	var help bytes.Buffer
 	parseFlags([]string{"-h"}, &help)
