@@ -169,7 +169,7 @@ func TestKernelReflectionPortsAllPorts(t *testing.T) {
 		name  string
 		ports []uint16
 	}{
-		{"default", DefaultReflectionPorts},
+		{"default", DefaultReflectionPorts()},
 		{"empty", nil},
 		{"only 65535", []uint16{65535}},
 		{"64 spread", spread},
