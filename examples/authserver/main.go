@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/rrlprom"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -312,15 +313,15 @@ func (s *server) attach(udp *net.UDPConn, c serverConfig) error {
 
 // serveMetrics serves the Prometheus endpoint on addr.
 func (s *server) serveMetrics(addr string, log io.Writer) error {
-	opts := []rrl.CollectorOption{rrl.CollectHandler(s.handler), rrl.CollectTCPLimiter(s.tcp)}
+	opts := []rrlprom.CollectorOption{rrlprom.CollectHandler(s.handler), rrlprom.CollectTCPLimiter(s.tcp)}
 	if s.filter != nil {
-		opts = append(opts, rrl.CollectFilter(s.filter))
+		opts = append(opts, rrlprom.CollectFilter(s.filter))
 	}
 	if s.limiter != nil {
-		opts = append(opts, rrl.CollectLimiter(s.limiter))
+		opts = append(opts, rrlprom.CollectLimiter(s.limiter))
 	}
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(rrl.NewCollector("dns", s.rrl, opts...)); err != nil {
+	if err := reg.Register(rrlprom.NewCollector("dns", s.rrl, opts...)); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", addr)
