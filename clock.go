@@ -25,15 +25,15 @@ import (
 //     than a tick behind, stores the fresh one. A goroutine reading often (a server
 //     under load) thus keeps the clock fresh for everyone.
 //   - When the goroutine, woken late while goroutines wait for a P, finds the shared
-//     reading more than two ticks behind twice in a row, the clock is late: every read reads the
-//     monotonic clock until the goroutine's ticks have come without such a wait for
-//     a hundred ticks in a row.
-//     This covers readers that just got a P back after other goroutines held it,
-//     and readers too rare to sample often.
+//     reading more than two ticks behind twice in a row, the clock is late: every
+//     read reads the monotonic clock until the goroutine's ticks have come without
+//     such a wait for a hundred ticks in a row. This covers readers that just got
+//     a P back after other goroutines held it, and readers too rare to sample.
 //
 // Until the clock is first found late, a reader that has just got its P back may
-// read a time up to a scheduling quantum old; so may one whose thread waited for a
-// CPU (a host with more runnable threads than cores) until the sampling catches up.
+// read a time as old as the goroutine's wait for a P (tens of milliseconds under
+// such a load); so may one whose thread waited for a CPU (a host with more runnable
+// threads than cores), until the sampling catches up.
 //
 // The goroutine runs only while the clock is used: it stops after a second in which
 // no read happened, and the next read takes a fresh reading itself and starts it
