@@ -62,7 +62,7 @@ type rrlState struct {
 	v4Mask    uint32
 	v6MaskHi  uint64
 	v6MaskLo  uint64
-	exempt    []netip.Prefix
+	exempt    prefixSet
 	report    bool
 	qpsScale  uint64 // queries per second; 0 disables qps-scale
 
@@ -163,7 +163,7 @@ func newState(cfg *Config) *rrlState {
 		slipRatio: uint64(cfg.slipRatio),
 		v4Mask:    ^uint32(0) << (32 - cfg.ipv4PrefixLength),
 		report:    cfg.reportOnly,
-		exempt:    append([]netip.Prefix(nil), cfg.exempt...),
+		exempt:    newPrefixSet(cfg.exempt),
 		qpsScale:  uint64(math.Ceil(cfg.qpsScale)),
 		v4Len:     cfg.ipv4PrefixLength,
 		v6Len:     cfg.ipv6PrefixLength,
@@ -294,7 +294,7 @@ func (st *rrlState) network(a netip.Addr) clientNet {
 // account of the tuple's category limits (RTRateLimit) with Drop or Slip by
 // slip-ratio, unless the category's allowance is 0 (RTNotConfigured). In report-only
 // mode the action is always Send and the reasons and Stats tell what would have
-// happened. exempt-clients is searched in order, so it is meant for a few prefixes.
+// happened.
 func (r *RRL) Debit(src net.Addr, tuple *ResponseTuple) (Action, IPReason, RTReason) {
 	var ip net.IP
 	udp := false
@@ -379,11 +379,9 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	cn := p.network(addr)
 	netHash := mix64(mix64(r.seed^cn.hi) ^ cn.lo ^ cn.fam<<48)
 	s := &p.shards[netHash>>p.shardShift&uint64(len(p.shards)-1)]
-	for _, e := range p.exempt {
-		if e.Contains(addr) {
-			r.count(p.report, cat, Send, Send, IPExempt, RTNotReached)
-			return Send, IPExempt, RTNotReached
-		}
+	if !p.exempt.empty() && p.exempt.contains(addr) {
+		r.count(p.report, cat, Send, Send, IPExempt, RTNotReached)
+		return Send, IPExempt, RTNotReached
 	}
 	var cost Fixed
 	var respKey uint64

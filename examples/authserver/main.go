@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/rrlprom"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -304,16 +305,16 @@ func listenBoth(addr string) (*net.UDPConn, net.Listener, error) {
 
 // serveMetrics serves the Prometheus endpoint on addr.
 func (s *server) serveMetrics(addr string, log io.Writer) error {
-	opts := []rrl.CollectorOption{rrl.CollectHandler(s.handler), rrl.CollectTCPLimiter(s.tcp)}
+	opts := []rrlprom.CollectorOption{rrlprom.CollectHandler(s.handler), rrlprom.CollectTCPLimiter(s.tcp)}
 	if s.filter != nil {
-		opts = append(opts, rrl.CollectFilter(s.filter))
+		opts = append(opts, rrlprom.CollectFilter(s.filter))
 	}
 	if s.limiter != nil {
-		opts = append(opts, rrl.CollectLimiter(s.limiter))
+		opts = append(opts, rrlprom.CollectLimiter(s.limiter))
 	}
 	reg := prometheus.NewRegistry()
 	for _, c := range []prometheus.Collector{
-		rrl.NewCollector("dns", s.rrl, opts...),
+		rrlprom.NewCollector("dns", s.rrl, opts...),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
