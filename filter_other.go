@@ -64,3 +64,6 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return ni
 
 // LimitedGroups returns an error matching ErrNotSupported.
 func (f *Filter) LimitedGroups() ([]LimitedGroup, error) { return nil, errNotLinux }
+
+// AttachLocal returns an error matching ErrNotSupported: socket filters need Linux.
+func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) { return nil, errNotLinux }

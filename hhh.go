@@ -67,6 +67,10 @@ import (
 // maps (see cmCell). The counters are atomic. Update may be called while packets are
 // being judged.
 //
+// Events. With Config.SetEventFunc the Limiter reports when it starts and stops
+// limiting a source group (LimitEvent with Account AccountGroup; see
+// limiterevents.go).
+//
 // Use. With the kernel filter attached, the kernel does this work and the server
 // does nothing. Without it (no CAP_BPF), call Allow with the source of every query
 // right after reading it, before parsing, and drop the query when it returns false:
@@ -87,6 +91,7 @@ type Limiter struct {
 	mix00  uint64 // mix64(mix0): sketchHash of the key 0, 0 (the total node)
 	sketch *[numNodes]countMin
 	params atomic.Pointer[limiterParams]
+	events atomic.Pointer[groupTracker] // nil when the Config sets no EventFunc
 	start  time.Time
 	stats  [statShards]statShard
 
@@ -100,7 +105,7 @@ type limiterParams struct {
 	prefix     [numNodes]int
 	name       [numNodes]LimiterNode
 	levels     [2]int // active level nodes of IPv4 (nodes 0..levels[0]-1) and IPv6
-	exempt     []netip.Prefix
+	exempt     prefixSet
 	reportOnly bool
 }
 
@@ -249,6 +254,7 @@ func newLimiterSeed(cfg *Config, seed uint64) (*Limiter, error) {
 	l := &Limiter{seedv: seed, mix0: mix64(seed), mix00: mix64(mix64(seed)), start: time.Now()}
 	l.sketch = new([numNodes]countMin)
 	l.params.Store(p)
+	l.events.Store(newGroupTracker(cfg))
 	return l, nil
 }
 
@@ -264,7 +270,7 @@ func newLimiterParams(cfg *Config) (*limiterParams, error) {
 			return nil, fmt.Errorf("rrl: exempt-clients: invalid prefix %v", e)
 		}
 	}
-	p.exempt = append([]netip.Prefix(nil), cfg.exempt...)
+	p.exempt = newPrefixSet(cfg.exempt)
 	for fam, first := range [2]int{nodeIPv4First, nodeIPv6First} {
 		levels := cfg.requestLevels(fam == 0)
 		if len(levels) > maxRequestLevel {
@@ -314,6 +320,16 @@ func (l *Limiter) Update(cfg *Config) error {
 		}
 	}
 	l.params.Store(p)
+	switch ev := l.events.Load(); {
+	case cfg.eventFunc == nil:
+		l.events.Store(nil)
+	case ev == nil:
+		l.events.Store(newGroupTracker(cfg))
+	default:
+		ev.mu.Lock()
+		ev.fn, ev.budget.perSec = cfg.eventFunc, cfg.eventsPerSec()
+		ev.mu.Unlock()
+	}
 	return nil
 }
 
@@ -342,11 +358,9 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 	if !addr.IsValid() {
 		return LimiterVerdict{Allowed: true, node: -1}
 	}
-	for _, e := range p.exempt {
-		if e.Contains(addr) {
-			st.exempt.Add(1)
-			return LimiterVerdict{Allowed: true, Exempt: true, node: -1}
-		}
+	if !p.exempt.empty() && p.exempt.contains(addr) {
+		st.exempt.Add(1)
+		return LimiterVerdict{Allowed: true, Exempt: true, node: -1}
 	}
 	// First the key hashes of the packet's active nodes, in order: its family's
 	// levels, finest first, then the port and total nodes.
@@ -394,13 +408,19 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 	// exceeds (u*rate >= limit) decides.
 	t := uint64(max(now, 0))
 	u := Fixed(rand) // the draw as a fraction in [0, 1)
-	decider := -1
+	decider, dj, dc := -1, 0, Fixed(0)
 	for j := range k {
 		n := ns[j]
 		c := l.sketch[n].arrive(hs[j], t)
 		if decider < 0 && c >= p.trip[n] && u.Mul(arrivalRate(c)) >= p.limit[n] {
-			decider = int(n)
+			decider, dj, dc = int(n), j, c
 		}
+	}
+	if ev := l.events.Load(); ev != nil {
+		if decider >= 0 {
+			l.limited(ev, p, decider, hs[dj], src, now, arrivalRate(dc))
+		}
+		l.sweep(ev, now)
 	}
 	if decider < 0 {
 		return LimiterVerdict{Allowed: true, node: -1}
