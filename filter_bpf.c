@@ -595,15 +595,11 @@ static __always_inline int node_count(__u32 node, __u64 h, __u64 now, fp_t *min)
 // step whose limited counter is limited (the decider), with that step's estimate for
 // it, read back from the cells the packet was just counted in. A subprogram on the
 // drop path, which parses the packet again rather than have the lattice loop keep
-// the group: passed packets pay nothing for this. The draw refused the packet, so
-// its high bits lean towards 1; its low bits are still uniform and pick one drop in
-// LIMITED_SAMPLE to record. Concurrent records of one group may interleave their
-// fields; drops is added atomically, the rest is for display.
+// the group: passed packets pay nothing for this. Concurrent records of one group
+// may interleave their fields; drops is added atomically, the rest is for display.
 static __noinline void record_limited(struct __sk_buff *skb, const struct settings *s, __u64 limited,
 				      const struct judgement *j)
 {
-	if (!j->drawn || (j->rnd & (LIMITED_SAMPLE - 1)))
-		return;
 	struct packet p = {};
 	if (parse(skb, &p) != PARSE_OK)
 		return;
@@ -743,7 +739,11 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 
 	if (refused) {
 		count_limited(c, decider);
-		record_limited(skb, s, decider, &j);
+		// The draw refused the packet, so its high bits lean towards 1; its
+		// low bits are still uniform and pick one drop in LIMITED_SAMPLE to
+		// record. Checked here: the other drops do not pay for the call.
+		if (!(j.rnd & (LIMITED_SAMPLE - 1)))
+			record_limited(skb, s, decider, &j);
 		goto drop;
 	}
 	goto pass;
