@@ -305,6 +305,11 @@ type responseWriter struct {
 // SetWildcardOrigin implements WildcardReporter.
 func (rw *responseWriter) SetWildcardOrigin(origin string) { rw.wildcard = origin }
 
+// Unwrap returns the ResponseWriter the Handler was given, so that an inner handler
+// can reach what its caller put there (the CoreDNS plugin passes the request's
+// context this way). Writing to it directly bypasses the Handler.
+func (rw *responseWriter) Unwrap() dns.ResponseWriter { return rw.ResponseWriter }
+
 // WriteMsg judges the first response and writes what the verdict says; later
 // responses follow its fate. A withheld response is not an error for the caller.
 func (rw *responseWriter) WriteMsg(m *dns.Msg) error {
