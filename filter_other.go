@@ -61,3 +61,6 @@ func (f *Filter) HeavyCells(n int) ([]SketchCell, error) { return nil, errNotLin
 
 // GroupRates returns an error matching ErrNotSupported.
 func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return nil, errNotLinux }
+
+// AttachLocal returns an error matching ErrNotSupported: socket filters need Linux.
+func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) { return nil, errNotLinux }
