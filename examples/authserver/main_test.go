@@ -44,7 +44,7 @@ func startTest(t *testing.T, cfg *rrl.Config, metrics string) (*server, string) 
 	return s, log.String()
 }
 
-var startLine = regexp.MustCompile(`(?m)^rrl: kernel filter: ebpf \(.*\)$|^rrl: kernel filter unavailable \(.*\): classic prefilter \+ Go request limiter$`)
+var startLine = regexp.MustCompile(`(?m)^rrl: kernel filter: ebpf; request limits in the kernel$|^rrl: kernel filter: (classic|none); request limits in Go; eBPF filter not in force: .+$`)
 
 func TestServeZone(t *testing.T) {
 	s, log := startTest(t, nil, "")
@@ -394,7 +394,7 @@ func TestDemoUnprivileged(t *testing.T) {
 	if err != nil {
 		t.Fatalf("unprivileged TestDemo: %v\n%s", err, out)
 	}
-	for _, want := range []string{"classic prefilter + Go request limiter", "dropped by the Go request limiter", "from bound sockets", "--- PASS: TestDemo"} {
+	for _, want := range []string{"kernel filter: classic; request limits in Go", "dropped by the Go request limiter", "from bound sockets", "--- PASS: TestDemo"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("unprivileged run lacks %q:\n%s", want, out)
 		}
