@@ -297,3 +297,24 @@ func TestDirectives(t *testing.T) {
 		t.Errorf("Directives without dnstap: %v", got)
 	}
 }
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		"window 2.5", "responses-per-second 5\nslip-ratio 2", "report-only", "cookies",
+		"exempt-clients 192.0.2.0/24 ::1", "ipv4-request-levels 32:1 16:16", "kernel-filter off",
+		"window NaN", "responses-per-second 1e400", "max-table-size -0",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		c := caddy.NewTestController("dns", "rrl {\n"+body+"\n}")
+		s, err := parse(c)
+		if err != nil {
+			return
+		}
+		// What parses builds a plugin.
+		if _, err := newPlugin(s); err != nil {
+			t.Fatalf("%q parsed but newPlugin failed: %v", body, err)
+		}
+	})
+}
