@@ -113,7 +113,13 @@ func (s *server) log() string {
 // start-up banner (its servers are listening then), or fails the test.
 func startCoreDNS(t *testing.T, corefile string, files map[string]string, args ...string) *server {
 	t.Helper()
-	s := runCoreDNS(t, corefile, files, args...)
+	return startCoreDNSAs(t, nil, corefile, files, args...)
+}
+
+// startCoreDNSAs is startCoreDNS with the process's credentials (nil: ours).
+func startCoreDNSAs(t *testing.T, cred *syscall.Credential, corefile string, files map[string]string, args ...string) *server {
+	t.Helper()
+	s := runCoreDNSAs(t, cred, corefile, files, args...)
 	deadline := time.After(60 * time.Second)
 	for !strings.Contains(s.log(), "CoreDNS-") {
 		select {
@@ -131,8 +137,21 @@ func startCoreDNS(t *testing.T, corefile string, files map[string]string, args .
 // cleanup stops it.
 func runCoreDNS(t *testing.T, corefile string, files map[string]string, args ...string) *server {
 	t.Helper()
+	return runCoreDNSAs(t, nil, corefile, files, args...)
+}
+
+func runCoreDNSAs(t *testing.T, cred *syscall.Credential, corefile string, files map[string]string, args ...string) *server {
+	t.Helper()
 	bin := coreDNSBinary(t)
 	dir := t.TempDir()
+	if cred != nil {
+		// The unprivileged process reads the binary, the Corefile and the zones.
+		for _, d := range []string{dir, filepath.Dir(dir), binDir} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	if err := os.WriteFile(filepath.Join(dir, "Corefile"), []byte(corefile), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +164,9 @@ func runCoreDNS(t *testing.T, corefile string, files map[string]string, args ...
 	s.cmd = exec.Command(bin, append([]string{"-conf", "Corefile"}, args...)...)
 	s.cmd.Dir = dir
 	s.cmd.Stdout, s.cmd.Stderr = s, s
+	if cred != nil {
+		s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -556,5 +578,36 @@ func TestCoreDNSKernelFilterOff(t *testing.T) {
 	limited := metric(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(mport)), "coredns_rrl_limiter_limited_total")
 	if len(got) >= 150 || limited < 50 {
 		t.Errorf("%d of 200 answered, %v limited in Go: want the Go limiter to refuse most", len(got), limited)
+	}
+}
+
+func TestCoreDNSUnprivileged(t *testing.T) {
+	// Run as uid 65534 without capabilities, CoreDNS cannot load eBPF: the plugin
+	// attaches the classic prefilter and enforces requests-per-second in Go.
+	requirePrivilege(t, unix.CAP_SETUID, unix.CAP_SETGID)
+	port, mport := freePort(t), freePort(t)
+	s := startCoreDNSAs(t, &syscall.Credential{Uid: 65534, Gid: 65534}, fmt.Sprintf(`example.test:%d {
+    bind 127.0.0.1
+    prometheus 127.0.0.1:%d
+    rrl {
+        requests-per-second 10
+    }
+    file db.example.test
+}
+`, port, mport), map[string]string{"db.example.test": exampleZone})
+	waitLog(t, s, "kernel filter for dns://127.0.0.1:"+strconv.Itoa(port)+": classic", 1)
+	mAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(mport))
+	if v := metric(t, mAddr, "coredns_rrl_filter_mode", `mode="classic"`); v != 1 {
+		t.Errorf("coredns_rrl_filter_mode{mode=classic} %v, want 1", v)
+	}
+	q := new(dns.Msg)
+	q.SetQuestion("www.example.test.", dns.TypeA)
+	got := burst(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), q, 200, time.Second)
+	limited := metric(t, mAddr, "coredns_rrl_limiter_limited_total")
+	if len(got) >= 150 || limited < 50 {
+		t.Errorf("%d of 200 answered, %v limited in Go: want the Go limiter to refuse most", len(got), limited)
+	}
+	if v := metric(t, mAddr, "coredns_rrl_requests_exceeded_total"); v != limited {
+		t.Errorf("coredns_rrl_requests_exceeded_total %v, want the Go limiter's %v", v, limited)
 	}
 }
