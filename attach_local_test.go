@@ -205,3 +205,34 @@ func TestAttachLocalCloseAfterSocketClosed(t *testing.T) {
 		t.Errorf("another socket on the reused descriptor lost its filter: %s", got)
 	}
 }
+
+// TestAttachLocalUnprivilegedFallsBackToClassic: without the privilege to load eBPF,
+// AttachLocal puts the classic prefilter on every matching socket and reports
+// ErrNotPermitted, as Attach does; Close removes it from all of them.
+func TestAttachLocalUnprivilegedFallsBackToClassic(t *testing.T) {
+	if !isUnprivilegedChild() {
+		requireBPF(t)
+		runUnprivileged(t, "TestAttachLocalUnprivilegedFallsBackToClassic")
+		return
+	}
+	checkUnprivileged(t)
+	a, port := listenLocal(t, "udp4", "127.0.0.1", 0)
+	b, _ := listenLocal(t, "udp4", "127.0.0.1", port)
+	f, err := AttachLocal(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), nil)
+	if !errors.Is(err, ErrNotPermitted) || f == nil || f.Mode() != ModeClassic {
+		t.Fatalf("unprivileged AttachLocal: %v, %v; want a classic Filter and ErrNotPermitted", f, err)
+	}
+	for _, c := range []syscall.Conn{a, b} {
+		if k, err := procsock.AttachedFilter(c); err != nil || k != procsock.ClassicFilter {
+			t.Errorf("socket filter %q (%v), want classic", k, err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []syscall.Conn{a, b} {
+		if k, err := procsock.AttachedFilter(c); err != nil || k != procsock.NoFilter {
+			t.Errorf("after Close: socket filter %q (%v), want none", k, err)
+		}
+	}
+}

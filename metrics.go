@@ -28,6 +28,8 @@ import (
 //	handler_cookie_exempt_total                 UDP responses exempt thanks to a valid server cookie
 //	handler_requests_limited_total              queries the Handler's Limiter dropped
 //	handler_cookies_total{result}               COOKIE options by CookieResult
+//	handler_malformed_total{reason}             queries answered with an error (or not at all)
+//	                                            for their form, by MalformedReason
 //	filter_mode{mode}                           1 for the attached mode (ebpf, classic)
 //	filter_packets_total                        packets the eBPF filter judged
 //	filter_passed_total                         packets it delivered
@@ -41,8 +43,12 @@ import (
 //	limiter_exempt_total                        exempt packets it passed uncounted
 //	limiter_limited_total{node}                 packets it refused, by level
 //	limiter_limit_packets_per_second{node}      each level's limit
-//	tcp_accepted_total, tcp_refused_total       connections the TCPLimiter accepted, refused
+//	tcp_accepted_total                          connections the TCPLimiter accepted
+//	tcp_refused_total{reason}                   connections reset: client-limit (refused at
+//	                                            accept), total-limit (open ones evicted)
+//	tcp_accept_errors_total{reason}             accept failures waited out: descriptors, memory
 //	tcp_open_connections, tcp_clients           connections open, clients with one open
+//	tcp_max_connections                         the total limit
 //
 // RRL counters are read without zeroing: a program that also calls
 // GetStats(true) makes them go down, which Prometheus takes for a restart.
@@ -55,13 +61,13 @@ type Collector struct {
 
 	debits, actions, reportOnly, ipReasons, rtReasons, accounts, evictions *prometheus.Desc
 
-	hResponses, hBadCookie, hExempt, hLimited, hCookies *prometheus.Desc
+	hResponses, hBadCookie, hExempt, hLimited, hCookies, hMalformed *prometheus.Desc
 
 	fMode, fPackets, fPassed, fNotDNS, fDropped, fLimited, fLimit, fExempt, fReportOnly, fErrors *prometheus.Desc
 
 	lPackets, lExempt, lLimited, lLimit *prometheus.Desc
 
-	tAccepted, tRefused, tOpen, tClients *prometheus.Desc
+	tAccepted, tRefused, tAcceptErrors, tOpen, tClients, tMax *prometheus.Desc
 }
 
 // CollectorOption adds a source of metrics to a Collector.
@@ -104,6 +110,7 @@ func NewCollector(namespace string, r *RRL, opts ...CollectorOption) *Collector 
 	c.hExempt = d("handler", "cookie_exempt_total", "UDP responses sent unlimited because the query had a valid server cookie.")
 	c.hLimited = d("handler", "requests_limited_total", "Queries the Go request limiter dropped before the inner handler.")
 	c.hCookies = d("handler", "cookies_total", "Queries by the verdict on their COOKIE option.", "result")
+	c.hMalformed = d("handler", "malformed_total", "Queries answered with an error rcode, or not at all, because of their form, by reason.", "reason")
 
 	c.fMode = d("filter", "mode", "1 for the protection attached to the socket: ebpf or classic.", "mode")
 	c.fPackets = d("filter", "packets_total", "Packets the kernel filter judged.")
@@ -122,9 +129,11 @@ func NewCollector(namespace string, r *RRL, opts ...CollectorOption) *Collector 
 	c.lLimit = d("limiter", "limit_packets_per_second", "The Go request limiter's limit per group, by level.", "node")
 
 	c.tAccepted = d("tcp", "accepted_total", "TCP connections accepted.")
-	c.tRefused = d("tcp", "refused_total", "TCP connections reset because their client was at its limit.")
+	c.tRefused = d("tcp", "refused_total", "TCP connections reset: client-limit when accepted with the client at its limit, total-limit when evicted for a newcomer at the total limit.", "reason")
+	c.tAcceptErrors = d("tcp", "accept_errors_total", "Accept failures for want of descriptors or memory, waited out.", "reason")
 	c.tOpen = d("tcp", "open_connections", "TCP connections open.")
 	c.tClients = d("tcp", "clients", "Clients with at least one open TCP connection.")
+	c.tMax = d("tcp", "max_connections", "The limit on open TCP connections in all.")
 	return c
 }
 
@@ -141,10 +150,10 @@ var (
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.debits, c.actions, c.reportOnly, c.ipReasons, c.rtReasons, c.accounts, c.evictions,
-		c.hResponses, c.hBadCookie, c.hExempt, c.hLimited, c.hCookies,
+		c.hResponses, c.hBadCookie, c.hExempt, c.hLimited, c.hCookies, c.hMalformed,
 		c.fMode, c.fPackets, c.fPassed, c.fNotDNS, c.fDropped, c.fLimited, c.fLimit, c.fExempt, c.fReportOnly, c.fErrors,
 		c.lPackets, c.lExempt, c.lLimited, c.lLimit,
-		c.tAccepted, c.tRefused, c.tOpen, c.tClients,
+		c.tAccepted, c.tRefused, c.tAcceptErrors, c.tOpen, c.tClients, c.tMax,
 	} {
 		ch <- d
 	}
@@ -191,6 +200,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				counter(c.hCookies, float64(v), CookieResult(r).String())
 			}
 		}
+		for r, v := range st.Malformed {
+			counter(c.hMalformed, float64(v), MalformedReason(r).String())
+		}
 	}
 	if c.filter != nil {
 		c.collectFilter(ch, counter, gauge)
@@ -208,9 +220,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if c.tcp != nil {
 		st := c.tcp.Stats()
 		counter(c.tAccepted, float64(st.Accepted))
-		counter(c.tRefused, float64(st.Refused))
+		counter(c.tRefused, float64(st.Refused), "client-limit")
+		counter(c.tRefused, float64(st.Evicted), "total-limit")
+		counter(c.tAcceptErrors, float64(st.AcceptErrors[0]), "descriptors")
+		counter(c.tAcceptErrors, float64(st.AcceptErrors[1]), "memory")
 		gauge(c.tOpen, float64(st.Open))
 		gauge(c.tClients, float64(st.Clients))
+		gauge(c.tMax, float64(c.tcp.MaxConns()))
 	}
 }
 

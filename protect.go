@@ -87,6 +87,7 @@ type protectOptions struct {
 	cookies    *Cookies
 	noCookies  bool
 	pinDir     string
+	noFilter   bool
 	handler    []HandlerOption
 	tcpPerConn int
 }
@@ -104,6 +105,14 @@ func ProtectWithoutCookies() ProtectOption { return func(o *protectOptions) { o.
 // later); when that fails the Protection falls back as Attach does, and Status says
 // why.
 func ProtectPinned(dir string) ProtectOption { return func(o *protectOptions) { o.pinDir = dir } }
+
+// ProtectWithoutFilter attaches no kernel filter: the request limits apply in Go.
+// For a server whose sockets get a filter from outside (rrlctl attach), which should
+// then leave requests-per-second at 0 in cfg so as not to limit twice.
+func ProtectWithoutFilter() ProtectOption { return func(o *protectOptions) { o.noFilter = true } }
+
+// errFilterOff is Status.Reason under ProtectWithoutFilter.
+var errFilterOff = errors.New("rrl: kernel filter turned off (ProtectWithoutFilter)")
 
 // ProtectHandler passes options to the Handler (WithWildcardFunc, WithClock).
 // WithLimiter and WithRequestsLimited are set by Protect and must not be given.
@@ -167,6 +176,11 @@ func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOpt
 func (p *Protection) attach(udp *net.UDPConn) error {
 	var f *Filter
 	var err error
+	if p.opts.noFilter {
+		p.status = Status{Filter: ModeNone, Requests: RequestsInGo, Reason: errFilterOff}
+		p.limiter, err = NewLimiter(p.cfg)
+		return err
+	}
 	if p.opts.pinDir != "" {
 		f, err = AttachPinned(udp, p.opts.pinDir)
 		if err == nil {
@@ -222,7 +236,8 @@ func (p *Protection) Limiter() *Limiter { return p.limiter }
 func (p *Protection) Cookies() *Cookies { return p.cookies }
 
 // UDPServer returns a dns.Server for the socket given to Protect, ready for
-// ActivateAndServe; set fields such as NotifyStartedFunc before starting it.
+// ActivateAndServe, with Handler.ConfigureServer applied; set fields such as
+// NotifyStartedFunc before starting it.
 func (p *Protection) UDPServer() *dns.Server { return p.udpServer(p.udp[0]) }
 
 func (p *Protection) udpServer(conn *net.UDPConn) *dns.Server {
@@ -233,6 +248,7 @@ func (p *Protection) udpServer(conn *net.UDPConn) *dns.Server {
 		srv.DecorateReader = limitReaderCounted(p.limiter, p.handler)
 		srv.Handler = readerLimited{p.handler}
 	}
+	p.handler.ConfigureServer(srv)
 	return srv
 }
 
@@ -262,8 +278,8 @@ func (p *Protection) AddUDP(conn *net.UDPConn) (*dns.Server, error) {
 // tcpReadTimeout bounds how long a TCP client may take to send a query.
 const tcpReadTimeout = 5 * time.Second
 
-// TCPServer returns a dns.Server for l, with the per-client connection limit, ready
-// for ActivateAndServe.
+// TCPServer returns a dns.Server for l, with the connection limits and
+// Handler.ConfigureServer applied, ready for ActivateAndServe.
 func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 	per := p.opts.tcpPerConn
 	if per == 0 {
@@ -273,7 +289,9 @@ func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 	p.mu.Lock()
 	p.tcp = append(p.tcp, t)
 	p.mu.Unlock()
-	return &dns.Server{Listener: t, Handler: p.handler, ReadTimeout: tcpReadTimeout}
+	srv := &dns.Server{Listener: t, Handler: p.handler, ReadTimeout: tcpReadTimeout}
+	p.handler.ConfigureServer(srv)
+	return srv
 }
 
 // TCPLimiters returns the connection limiters of the listeners given to TCPServer.

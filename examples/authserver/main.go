@@ -12,7 +12,8 @@
 // It serves the embedded zone example.test. (see example.test.zone), or the zone in
 // FILE, over UDP and TCP. Every rrl configuration keyword is a flag of its own name
 // (-responses-per-second 5, -slip-ratio 2, -report-only, ...); only the flags given
-// are applied. -metrics serves Prometheus metrics at http://ADDR/metrics. SIGINT or
+// are applied. -metrics serves Prometheus metrics at http://ADDR/metrics (the server's
+// own, the Go runtime's and the process's). SIGINT or
 // SIGTERM shuts the server down gracefully.
 //
 // With -demo it serves on a loopback port of its own and, for ten seconds, sends
@@ -31,6 +32,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -38,6 +40,7 @@ import (
 	"github.com/dnsrake/rrl"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -56,6 +59,7 @@ type options struct {
 	metrics     string
 	tcpConns    int
 	settings    [][2]string // keyword, value: the rrl flags given, in order
+	noFilter    bool
 	demo        bool
 	demoDur     time.Duration
 	demoRate    float64
@@ -72,6 +76,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.origin, "origin", "", "origin of -zone for relative names, when the file has no $ORIGIN")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at http://`address`/metrics")
 	fs.IntVar(&o.tcpConns, "tcp-conns-per-client", rrl.DefaultTCPConnsPerClient, "concurrent TCP connections per IPv4 address or IPv6 /64")
+	fs.BoolFunc("kernel-filter", "attach the kernel filter to the UDP socket (default true; false: the Go request limiter only, e.g. under rrlctl attach)", func(v string) error {
+		on, err := strconv.ParseBool(v)
+		o.noFilter = !on
+		return err
+	})
 	fs.BoolVar(&o.demo, "demo", false, "serve on loopback and send itself legitimate traffic and a spoofed flood, then print a report")
 	fs.DurationVar(&o.demoDur, "demo-duration", 10*time.Second, "how long the -demo traffic runs")
 	fs.Float64Var(&o.demoRate, "demo-flood-rate", 10000, "flood packets per second in -demo")
@@ -140,7 +149,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
 	}
-	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo})
+	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo, noFilter: o.noFilter})
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
@@ -188,6 +197,7 @@ type serverConfig struct {
 	metrics  string    // "" for none
 	log      io.Writer // the start-up lines
 	observe  bool      // count what reaches clients, for the demo
+	noFilter bool      // no kernel filter: the Go request limiter only
 }
 
 // server is a running authserver.
@@ -219,7 +229,11 @@ func startServer(c serverConfig) (*server, error) {
 		s.observer = new(observer)
 		zone = s.observer.inner(zone)
 	}
-	p, err := rrl.Protect(udp, zone, c.cfg, rrl.ProtectTCPConnsPerClient(c.tcpConns))
+	opts := []rrl.ProtectOption{rrl.ProtectTCPConnsPerClient(c.tcpConns)}
+	if c.noFilter {
+		opts = append(opts, rrl.ProtectWithoutFilter())
+	}
+	p, err := rrl.Protect(udp, zone, c.cfg, opts...)
 	if err != nil {
 		udp.Close()
 		ln.Close()
@@ -227,6 +241,8 @@ func startServer(c serverConfig) (*server, error) {
 	}
 	fmt.Fprintf(c.log, "rrl: %v\n", p.Status())
 	s.protection, s.rrl, s.filter, s.limiter, s.handler = p, p.RRL(), p.Filter(), p.Limiter(), p.Handler()
+	// Protect's servers come with Handler.ConfigureServer applied: miekg/dns's own
+	// replies to malformed queries go through the limits too.
 	s.udpSrv, s.tcpSrv = p.UDPServer(), p.TCPServer(ln)
 	s.tcp = p.TCPLimiters()[0]
 	if c.observe {
@@ -286,8 +302,14 @@ func (s *server) serveMetrics(addr string, log io.Writer) error {
 		opts = append(opts, rrl.CollectLimiter(s.limiter))
 	}
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(rrl.NewCollector("dns", s.rrl, opts...)); err != nil {
-		return err
+	for _, c := range []prometheus.Collector{
+		rrl.NewCollector("dns", s.rrl, opts...),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

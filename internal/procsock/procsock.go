@@ -164,7 +164,7 @@ func procError(path string, err error) error {
 	case errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("%s: no such process: %w", path, err)
 	case errors.Is(err, os.ErrPermission):
-		return fmt.Errorf("%s: reading another user's descriptors needs root or CAP_SYS_PTRACE: %w", path, err)
+		return fmt.Errorf("%s: reading a process's descriptors needs root or CAP_SYS_PTRACE over it: %w", path, err)
 	}
 	return err
 }
