@@ -447,11 +447,6 @@ func (l *lease) acquire() *responseWriter {
 	return rw
 }
 
-// Unwrap returns the ResponseWriter the Handler was given, so that an inner handler
-// can reach what its caller put there (the CoreDNS plugin passes the request's
-// context this way). Writing to it directly bypasses the Handler.
-func (rw *responseWriter) Unwrap() dns.ResponseWriter { return rw.ResponseWriter }
-
 // WriteMsg judges the first response and writes what the verdict says; later
 // responses follow its fate. A withheld response is not an error for the caller.
 func (l *lease) WriteMsg(m *dns.Msg) error {
@@ -530,6 +525,19 @@ func (l *lease) Hijack() {
 		rw.ResponseWriter.Hijack()
 		rw.mu.Unlock()
 	}
+}
+
+// Unwrap returns the ResponseWriter the Handler was given, so that an inner handler
+// can reach what its caller put there (the CoreDNS plugin passes the request's
+// context this way); nil after the lease. Writing to it directly bypasses the
+// Handler.
+func (l *lease) Unwrap() dns.ResponseWriter {
+	rw := l.acquire()
+	if rw == nil {
+		return nil
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter
 }
 
 // SetWildcardOrigin implements WildcardReporter.

@@ -446,12 +446,13 @@ func TestHandlerUnwrap(t *testing.T) {
 	// and writing through the Handler's writer still goes to it.
 	outer := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 5300}}
 	var got dns.ResponseWriter
+	var kept interface{ Unwrap() dns.ResponseWriter }
 	inner := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
 		u, ok := w.(interface{ Unwrap() dns.ResponseWriter })
 		if !ok {
 			t.Fatalf("%T has no Unwrap method", w)
 		}
-		got = u.Unwrap()
+		got, kept = u.Unwrap(), u
 		m := new(dns.Msg)
 		m.SetReply(req)
 		w.WriteMsg(m)
@@ -463,6 +464,9 @@ func TestHandlerUnwrap(t *testing.T) {
 	}
 	if outer.msgs != 1 {
 		t.Errorf("%d messages written, want 1", outer.msgs)
+	}
+	if w := kept.Unwrap(); w != nil {
+		t.Errorf("Unwrap after ServeDNS returned %v, want nil", w)
 	}
 }
 
