@@ -301,6 +301,46 @@ func (p *Protection) TCPLimiters() []*TCPLimiter {
 	return append([]*TCPLimiter(nil), p.tcp...)
 }
 
+// Update applies cfg to every layer at once, keeping the response accounts, the
+// request limiter's sketches and the kernel filter's state: limits, levels,
+// slip-ratio, window, exemptions and report-only change for the next query. cfg is
+// checked before anything changes, and the kernel filter, the only layer that can
+// still fail, is updated first (all or nothing); so on error nothing has changed.
+// fresh reports that the response accounts started afresh (see RRL.Update). A pinned
+// filter's limits are the pins': Update writes them for every process attached
+// (which needs write access to the pins).
+func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
+	if cfg == nil {
+		cfg = NewConfig()
+	}
+	if err := validate(cfg); err != nil {
+		return false, err
+	}
+	if _, err := newLimiterParams(cfg); err != nil {
+		return false, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return false, ErrClosed
+	}
+	if p.filter != nil {
+		if err := p.filter.Update(cfg); err != nil {
+			return false, fmt.Errorf("rrl: update kernel filter: %w", err)
+		}
+	}
+	if p.limiter != nil {
+		if err := p.limiter.Update(cfg); err != nil {
+			return false, fmt.Errorf("rrl: update request limiter: %w", err)
+		}
+	}
+	if fresh, err = p.rrl.Update(cfg); err != nil {
+		return false, fmt.Errorf("rrl: update response rate limiting: %w", err)
+	}
+	p.cfg = cfg.clone()
+	return fresh, nil
+}
+
 // Close detaches the kernel filter (see Filter.Close) and frees it. Shut the
 // servers down first; the sockets are the servers' to close.
 func (p *Protection) Close() error {
