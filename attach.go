@@ -21,7 +21,7 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 5
+const layoutVersion = 6
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -40,7 +40,8 @@ type Filter struct {
 	seed    uint64
 	objs    *kernelObjects
 	sockets []syscall.Conn
-	pin     *pinState // opened from pins (pin.go): Close leaves the pins in place
+	pin     *pinState      // opened from pins (pin.go): Close leaves the pins in place
+	cookies *kernelCookies // the secrets of UseCookies (kernelcookie.go)
 }
 
 // kernelObjects are the program and maps production loads: test-only programs and
@@ -52,11 +53,16 @@ type kernelObjects struct {
 	Counters *ebpf.Map     `ebpf:"rrl_counters"`
 	Exempt4  *ebpf.Map     `ebpf:"rrl_exempt4"`
 	Exempt6  *ebpf.Map     `ebpf:"rrl_exempt6"`
+	// Cookie secrets and the lookup's scratch space (kernelcookie.go). A pinned
+	// filter opened without write access to the secrets has none; its scratch space
+	// is never opened, as only the program uses it.
+	CookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
+	CookieScratch *ebpf.Map `ebpf:"rrl_cookie_scratch"`
 }
 
 func (o *kernelObjects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6} {
+	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets, o.CookieScratch} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
@@ -223,6 +229,7 @@ func (f *Filter) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
+	f.stopCookies()
 	for _, s := range f.sockets {
 		if err := detachFilter(s); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
 			errs = append(errs, err)

@@ -28,6 +28,7 @@ func (f *Filter) Stats() (FilterStats, error) {
 	st.Seen, st.Passed, st.NotDNS = sum[counterSeen], sum[counterPassed], sum[counterNotDNS]
 	st.DroppedShort, st.DroppedResponse, st.DroppedReflection = sum[counterDropShort], sum[counterDropResponse], sum[counterDropReflection]
 	st.Exempt, st.ReportOnly, st.Errors = sum[counterExempt], sum[counterReportOnly], sum[counterError]
+	st.CookiePassed, st.CookieInvalid = sum[counterCookiePassed], sum[counterCookieInvalid]
 	p, err := newLimiterParams(f.cfg)
 	if err != nil {
 		return st, err
@@ -58,7 +59,13 @@ const (
 	counterReportOnly
 	counterError
 	counterLimitedNode0
-	counterMax = counterLimitedNode0 + numNodes
+)
+
+// The cookie counters follow the nodes' (enum counter).
+const (
+	counterCookiePassed = counterLimitedNode0 + numNodes + iota
+	counterCookieInvalid
+	counterMax
 )
 
 // The counters struct generated from filter_bpf.c must have one slot per counter.
