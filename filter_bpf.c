@@ -843,8 +843,8 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 	int proven = 0;
 	if (may_hold_cookie(&p)) {
 		int v = check_cookie(skb, &p, now);
-		if (v == COOKIE_PROVEN && steps && own_address_step(&s->step[fam][0], p.v4)) {
-			steps = 1;
+		if (v == COOKIE_PROVEN && (!steps || own_address_step(&s->step[fam][0], p.v4))) {
+			steps = steps ? 1 : 0;
 			proven = 1;
 		} else if (v == COOKIE_INVALID) {
 			count(c, COUNTER_COOKIE_INVALID);

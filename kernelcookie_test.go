@@ -242,3 +242,158 @@ func TestKernelCookiesMatchVerify(t *testing.T) {
 		t.Fatalf("too few valid or invalid cookies: %v", seen)
 	}
 }
+
+// randomName is a question name of wire length n (3..255: labels and the root byte;
+// 1: the root) with random label lengths and contents.
+func randomName(rng *rand.Rand, n int) []byte {
+	var b []byte
+	left := n - 1
+	for left > 0 {
+		most := min(63, left-1)
+		l := 1 + rng.IntN(most)
+		if left-(l+1) == 1 { // a single byte cannot hold a label
+			if l < most {
+				l++
+			} else {
+				l--
+			}
+		}
+		b = append(b, byte(l))
+		for range l {
+			b = append(b, 'a'+byte(rng.IntN(26)))
+		}
+		left -= l + 1
+	}
+	return append(b, 0)
+}
+
+// TestKernelCookieParser: where the program finds a query's cookie and where it
+// does not, for question names of every length and label shape, options around the
+// cookie, truncations, cookie lengths, section counts and compression.
+func TestKernelCookieParser(t *testing.T) {
+	rig := newCookieRig(t, nil)
+	wall := time.Unix(1_760_000_000, 0)
+	c := NewCookies(testSecretA)
+	rig.setKeys(c, wall)
+	src4 := netip.MustParseAddrPort("192.0.2.9:5353")
+	src6 := netip.MustParseAddrPort("[2001:db8::9]:5353")
+	client := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	cookie := c.Generate(client, src4.Addr(), wall)
+	opt := ednsOption(10, cookie)
+	root, www := wireName(), wireName("www", "example", "com")
+	pad := func(n int) []byte { return ednsOption(12, make([]byte, n)) }
+	set := func(q []byte, off int, b ...byte) []byte { copy(q[off:], b); return q }
+
+	type tc struct {
+		name    string
+		payload []byte
+		want    kernelVerdict
+	}
+	cases := []tc{
+		{"root name", cookieQuery(1, root, opt), verdictProven},
+		{"www.example.com", cookieQuery(1, www, opt), verdictProven},
+		{"NSID and ECS before", cookieQuery(1, www, ednsOption(3, nil), ednsOption(8, []byte{0, 1, 24, 0, 192, 0, 2}), opt), verdictProven},
+		{"five options before", cookieQuery(1, www, pad(1), pad(0), ednsOption(3, nil), pad(100), ednsOption(15, []byte{0, 3}), opt), verdictProven},
+		{"options after", cookieQuery(1, www, opt, pad(20), ednsOption(3, nil)), verdictProven},
+		{"31 options before", cookieQuery(1, www, slicesRepeat(ednsOption(3, nil), 31), opt), verdictProven},
+		{"32 options before: not looked at", cookieQuery(1, www, slicesRepeat(ednsOption(3, nil), 32), opt), verdictNone},
+		{"cookie beyond the scanned part", cookieQuery(1, www, pad(480), opt), verdictNone},
+		{"no OPT, ARCOUNT 0", dnsQuery(1, false), verdictNone},
+		{"OPT without options", cookieQuery(1, www), verdictNone},
+		{"ARCOUNT 0 with an OPT", set(cookieQuery(1, www, opt), 11, 0), verdictNone},
+		{"ARCOUNT 2, OPT first", append(set(cookieQuery(1, www, opt), 11, 2), 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4, 1, 2, 3, 4), verdictProven},
+		{"ARCOUNT 2, OPT second", func() []byte {
+			q := cookieQuery(1, www, opt)
+			q[11] = 2
+			at := 12 + len(www) + 4
+			a := []byte{0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4, 1, 2, 3, 4}
+			return append(append(append([]byte(nil), q[:at]...), a...), q[at:]...)
+		}(), verdictNone},
+		{"QDCOUNT 2", set(cookieQuery(1, www, opt), 5, 2), verdictNone},
+		{"ANCOUNT 1", set(cookieQuery(1, www, opt), 7, 1), verdictNone},
+		{"NSCOUNT 1", set(cookieQuery(1, www, opt), 9, 1), verdictNone},
+		{"compression pointer", cookieQuery(1, []byte{3, 'w', 'w', 'w', 0xc0, 12}, opt), verdictNone},
+		{"extended label type", cookieQuery(1, []byte{0x41, 0}, opt), verdictNone},
+		{"OPT owner not the root", cookieQuery(1, www, opt)[:0], verdictNone},
+		{"not an OPT record", set(cookieQuery(1, www, opt), 12+len(www)+4+2, 42), verdictNone},
+		{"option longer than the OPT data", func() []byte {
+			q := cookieQuery(1, www, opt)
+			rdlen := 12 + len(www) + 4 + 9
+			binary.BigEndian.PutUint16(q[rdlen:], uint16(len(opt)-1))
+			return q
+		}(), verdictNone},
+		{"OPT data longer than the packet", func() []byte {
+			q := cookieQuery(1, www, opt)
+			rdlen := 12 + len(www) + 4 + 9
+			binary.BigEndian.PutUint16(q[rdlen:], uint16(len(opt)+1))
+			return q
+		}(), verdictNone},
+		{"cut inside the cookie", cookieQuery(1, www, opt)[:12+len(www)+4+11+4+20], verdictNone},
+		{"cut inside the option header", cookieQuery(1, www, pad(4), opt)[:12+len(www)+4+11+8+2], verdictNone},
+		{"length 0", cookieQuery(1, www, ednsOption(10, nil)), verdictNone},
+		{"length 8", cookieQuery(1, www, ednsOption(10, cookie[:8])), verdictNone},
+		{"length 16", cookieQuery(1, www, ednsOption(10, cookie[:16])), verdictInvalid},
+		{"length 23", cookieQuery(1, www, ednsOption(10, cookie[:23])), verdictInvalid},
+		{"length 25", cookieQuery(1, www, ednsOption(10, append(cookie[:24:24], 0))), verdictInvalid},
+		{"length 40", cookieQuery(1, www, ednsOption(10, append(cookie[:24:24], make([]byte, 16)...))), verdictInvalid},
+		{"length 41", cookieQuery(1, www, ednsOption(10, append(cookie[:24:24], make([]byte, 17)...))), verdictNone},
+		{"client cookie first, valid second", cookieQuery(1, www, ednsOption(10, client), opt), verdictNone},
+		{"version 2", cookieQuery(1, www, ednsOption(10, set(append([]byte(nil), cookie...), 8, 2))), verdictInvalid},
+	}
+	// The "OPT owner not the root" case: a one-label owner name.
+	cases[18].payload = func() []byte {
+		q := cookieQuery(1, www, opt)
+		at := 12 + len(www) + 4
+		return append(append(append([]byte(nil), q[:at]...), 1, 'x'), q[at+1:]...)
+	}()
+	rng := rand.New(rand.NewPCG(5, 6))
+	for n := 1; n <= 255; n++ {
+		if n == 2 { // no name is two bytes long
+			continue
+		}
+		cases = append(cases, tc{fmt.Sprintf("random name of %d bytes", n), cookieQuery(uint16(n), randomName(rng, n), opt), verdictProven})
+	}
+	for l := 1; l <= 63; l++ {
+		var name []byte
+		for len(name)+l+1 <= 254 {
+			name = append(name, byte(l))
+			name = append(name, make([]byte, l)...)
+		}
+		cases = append(cases, tc{fmt.Sprintf("labels of %d bytes", l), cookieQuery(1, append(name, 0), opt), verdictProven})
+	}
+	for _, n := range []int{256, 257} {
+		long := append(randomName(rng, n-2)[:n-3], 1, 'x', 0)
+		cases = append(cases, tc{fmt.Sprintf("name of %d bytes", n), cookieQuery(1, long, opt), verdictNone})
+	}
+	for _, c := range cases {
+		frame := cookiePacket(src4, c.payload)
+		got, pass := rig.run(frame)
+		if got != c.want || !pass {
+			t.Errorf("%s: kernel %v (passed %v), want %v", c.name, got, pass, c.want)
+		}
+	}
+
+	// Other header shapes: IPv4 options, an IPv6 extension header (the general
+	// parser), IPv6.
+	cookie6 := c.Generate(client, src6.Addr(), wall)
+	for _, h := range []struct {
+		name  string
+		frame []byte
+	}{
+		{"IPv4 options", ethFrame(unix.ETH_P_IP, ipv4Packet(src4, netip.MustParseAddrPort("127.0.0.1:53"), []byte{1, 1, 1, 0}, cookieQuery(1, www, opt)))},
+		{"IPv6", cookiePacket(src6, cookieQuery(1, www, ednsOption(10, cookie6)))},
+		{"IPv6 destination options", ethFrame(unix.ETH_P_IPV6, ipv6Packet(src6, netip.MustParseAddrPort("[fd00::53]:53"), true, cookieQuery(1, www, ednsOption(10, cookie6))))},
+	} {
+		if got, pass := rig.run(h.frame); got != verdictProven || !pass {
+			t.Errorf("%s: kernel %v (passed %v), want proven", h.name, got, pass)
+		}
+	}
+}
+
+func slicesRepeat(b []byte, n int) []byte {
+	var out []byte
+	for range n {
+		out = append(out, b...)
+	}
+	return out
+}

@@ -1,0 +1,284 @@
+package rrl
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/miekg/dns"
+)
+
+// cookieProbe sends single queries to a filtered socket from a real client socket
+// and reports how the filter counted each.
+type cookieProbe struct {
+	t      *testing.T
+	f      *Filter
+	server *net.UDPConn
+	client *net.UDPConn
+}
+
+func newCookieProbe(t *testing.T, f *Filter, server *net.UDPConn, network, from string) *cookieProbe {
+	t.Helper()
+	dst := server.LocalAddr().(*net.UDPAddr).AddrPort()
+	if network == "udp6" || from == "::1" {
+		dst = netip.AddrPortFrom(netip.MustParseAddr(from), dst.Port())
+	} else if dst.Addr().IsUnspecified() {
+		dst = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), dst.Port())
+	}
+	client, err := net.DialUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(from), 0)), net.UDPAddrFromAddrPort(dst))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return &cookieProbe{t: t, f: f, server: server, client: client}
+}
+
+func (p *cookieProbe) addr() netip.Addr { return p.client.LocalAddr().(*net.UDPAddr).AddrPort().Addr() }
+
+// send sends a query carrying cookie (nil: none) and returns what the filter
+// counted for it: the verdict, and whether the server received it.
+func (p *cookieProbe) send(cookie []byte) (kernelVerdict, bool) {
+	p.t.Helper()
+	m := query("www.example.test.", dns.TypeA, true)
+	if cookie != nil {
+		SetCookie(m, cookie)
+	}
+	b, err := m.Pack()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	before, err := p.f.Stats()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if _, err := p.client.Write(b); err != nil {
+		p.t.Fatal(err)
+	}
+	var st FilterStats
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if st, err = p.f.Stats(); err != nil {
+			p.t.Fatal(err)
+		}
+		if st.Seen > before.Seen {
+			break
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatal("the filter did not see the query")
+		}
+	}
+	received := false
+	if st.Passed > before.Passed {
+		buf := make([]byte, 2048)
+		p.server.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := p.server.Read(buf); err != nil {
+			p.t.Fatalf("read a passed query: %v", err)
+		}
+		received = true
+	}
+	passed, invalid := st.CookiePassed-before.CookiePassed, st.CookieInvalid-before.CookieInvalid
+	switch {
+	case passed == 1 && invalid == 0:
+		return verdictProven, received
+	case passed == 0 && invalid == 1:
+		return verdictInvalid, received
+	case passed == 0 && invalid == 0:
+		return verdictNone, received
+	}
+	p.t.Fatalf("cookie counters moved by %d passed, %d invalid", passed, invalid)
+	return 0, false
+}
+
+// expect sends cookie and fails unless the filter's verdict is want and it passed.
+func (p *cookieProbe) expect(step string, cookie []byte, want kernelVerdict) {
+	p.t.Helper()
+	if got, ok := p.send(cookie); got != want || !ok {
+		p.t.Errorf("%s: kernel verdict %v (received %v), want %v", step, got, ok, want)
+	}
+}
+
+func listenUDP(t *testing.T, network, addr string) *net.UDPConn {
+	t.Helper()
+	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// TestUseCookiesFollowsCookies: on a real socket, the filter proves queries carrying
+// a cookie of the Cookies it was given, and Rotate, ClearPrevious, SetPrevious,
+// Update and UseCookies(nil) change its verdicts as they change Verify's.
+func TestUseCookiesFollowsCookies(t *testing.T) {
+	requireBPF(t)
+	server := listenUDP(t, "udp4", "127.0.0.1:0")
+	f, err := Attach(server, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := newCookieProbe(t, f, server, "udp4", "127.0.0.1")
+	client := []byte("8bytes!!")
+	now := time.Now()
+	a, b := NewCookies(testSecretA), NewCookies(testSecretB)
+	cookieA, cookieB := a.Generate(client, p.addr(), now), b.Generate(client, p.addr(), now)
+
+	p.expect("before UseCookies", cookieA, verdictNone)
+	c := NewCookies(testSecretA)
+	if err := f.UseCookies(c); err != nil {
+		t.Fatal(err)
+	}
+	p.expect("no cookie", nil, verdictNone)
+	p.expect("client cookie only", client, verdictNone)
+	p.expect("current secret", cookieA, verdictProven)
+	p.expect("unknown secret", cookieB, verdictInvalid)
+	p.expect("stale", a.Generate(client, p.addr(), now.Add(-2*time.Hour)), verdictInvalid)
+	p.expect("for another address", a.Generate(client, netip.MustParseAddr("127.0.0.2"), now), verdictInvalid)
+	c.Rotate(testSecretB)
+	p.expect("after Rotate, the new secret", cookieB, verdictProven)
+	p.expect("after Rotate, the old secret", cookieA, verdictProven)
+	c.ClearPrevious()
+	p.expect("after ClearPrevious, the old secret", cookieA, verdictInvalid)
+	c.SetPrevious(testSecretA)
+	p.expect("after SetPrevious", cookieA, verdictProven)
+	cfg := NewConfig()
+	if err := cfg.SetValue("requests-per-second", "200"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	p.expect("after Update", cookieB, verdictProven)
+	if err := f.UseCookies(nil); err != nil {
+		t.Fatal(err)
+	}
+	p.expect("after UseCookies(nil)", cookieB, verdictNone)
+	c.Rotate(testSecretC) // no longer subscribed: must not reach the filter
+	p.expect("Rotate after UseCookies(nil)", NewCookies(testSecretC).Generate(client, p.addr(), now), verdictNone)
+
+	if err := f.UseCookies(c); err != nil {
+		t.Fatal(err)
+	}
+	p.expect("UseCookies again", NewCookies(testSecretC).Generate(client, p.addr(), now), verdictProven)
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c.Rotate(testSecretA) // after Close: nothing to write, nothing to fail
+	if err := f.UseCookies(c); err == nil {
+		t.Error("UseCookies on a closed filter: no error")
+	}
+}
+
+// TestUseCookiesDualStack: on a dual-stack socket, an IPv4 client's cookie is made for
+// its IPv4 address and an IPv6 client's for its IPv6 address, as Cookies does.
+func TestUseCookiesDualStack(t *testing.T) {
+	requireBPF(t)
+	server := listenUDP(t, "udp", "[::]:0")
+	f, err := Attach(server, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c := NewCookies(testSecretA)
+	if err := f.UseCookies(c); err != nil {
+		t.Fatal(err)
+	}
+	client := []byte("dualstak")
+	for _, from := range []string{"127.0.0.1", "::1"} {
+		p := newCookieProbe(t, f, server, "udp", from)
+		a := p.addr()
+		p.expect(from+" valid", c.Generate(client, a, time.Now()), verdictProven)
+		if a.Is4() {
+			// The same cookie computed over the mapped form would be another one.
+			mapped := c.Generate(client, netip.AddrFrom16(a.As16()), time.Now())
+			p.expect(from+" made for the mapped address", mapped, verdictProven)
+		}
+		p.expect(from+" stale", c.Generate(client, a, time.Now().Add(-3601*time.Second)), verdictInvalid)
+	}
+}
+
+// TestPinnedCookieSecrets: the cookie secrets pin is write-only for its owner (mode
+// 0220); through it an unprivileged owner gives the pinned filter its secrets and
+// rotates them, and cannot read them back (TestPinnedCookieSecretsChild).
+func TestPinnedCookieSecrets(t *testing.T) {
+	e := newPinEnv(t)
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "500", nobody, nobody)
+	fi, err := os.Stat(filepath.Join(dir, pinCookieSecrets))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o220 {
+		t.Errorf("%s: mode %04o, want 0220", pinCookieSecrets, fi.Mode().Perm())
+	}
+	out, err := unprivilegedRun(t, "TestPinnedCookieSecretsChild", "RRL_COOKIE_PIN_DIR="+dir)
+	t.Logf("child:\n%s", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the child wrote is what a Cookies rotated the same way holds.
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinCookieSecrets), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var got filterCookieSecrets
+	if err := m.Lookup(uint32(0), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := NewCookies(testSecretA)
+	want.Rotate(testSecretB)
+	w := cookieSecretsValue(want.keys.Load(), 0)
+	if got.HasCurrent != 1 || got.HasPrevious != 1 || got.Current != w.Current || got.Previous != w.Previous || got.LayoutVersion != layoutVersion {
+		t.Errorf("pinned secrets %+v, want %+v", got, w)
+	}
+
+	// A filter opened by root after the owner exited still proves those cookies.
+	server := listenUDP(t, "udp4", "127.0.0.1:0")
+	f, err := AttachPinned(server, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := newCookieProbe(t, f, server, "udp4", "127.0.0.1")
+	p.expect("cookie of the rotated secret", want.Generate([]byte("pinnedcl"), p.addr(), time.Now()), verdictProven)
+}
+
+// TestPinnedCookieSecretsChild is the unprivileged side of TestPinnedCookieSecrets.
+func TestPinnedCookieSecretsChild(t *testing.T) {
+	dir := os.Getenv("RRL_COOKIE_PIN_DIR")
+	if !isUnprivilegedChild() || dir == "" {
+		t.Skip("child of TestPinnedCookieSecrets")
+	}
+	checkUnprivileged(t)
+	f, err := OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c := NewCookies(testSecretA)
+	if err := f.UseCookies(c); err != nil {
+		t.Fatalf("UseCookies as the owner: %v", err)
+	}
+	c.Rotate(testSecretB)
+	path := filepath.Join(dir, pinCookieSecrets)
+	for _, opts := range []*ebpf.LoadPinOptions{nil, {ReadOnly: true}} {
+		if m, err := ebpf.LoadPinnedMap(path, opts); err == nil {
+			m.Close()
+			t.Errorf("opened %s with %+v", path, opts)
+		}
+	}
+	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{WriteOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var v filterCookieSecrets
+	if err := m.Lookup(uint32(0), &v); err == nil {
+		t.Errorf("read the secrets through a write-only descriptor: %+v", v)
+	}
+}
