@@ -1,6 +1,8 @@
 package rrl
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -280,5 +282,116 @@ func TestPinnedCookieSecretsChild(t *testing.T) {
 	var v filterCookieSecrets
 	if err := m.Lookup(uint32(0), &v); err == nil {
 		t.Errorf("read the secrets through a write-only descriptor: %+v", v)
+	}
+}
+
+// TestLiveCookieScenarios: a spoofed flood of 20 times the limit from one network
+// (an IPv4 /24; an IPv6 /64 in a namespace of the test's own) and five resolvers in
+// that network at 5% of the limit each. With valid server cookies the resolvers get
+// their queries through while the flood is still trimmed to the network's limit; with
+// stale cookies, or cookies made for another address of the network, they are
+// limited like the flood; and a proven source at 10 times the limit is trimmed to
+// its own address's limit.
+func TestLiveCookieScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood scenarios take about 30 s")
+	}
+	requireBPF(t)
+	const L = 500.0
+	const dur = 3500 * time.Millisecond
+	const from, to = 1500 * time.Millisecond, dur // steady state, after convergence
+	c := NewCookies(testSecretA)
+	rng := rand.New(rand.NewPCG(21, 22))
+	name := wireName("www", "example", "net")
+	for _, family := range []string{"ipv4", "ipv6"} {
+		// host is the network's address number h.
+		host := func(h int) netip.Addr {
+			if family == "ipv4" {
+				return netip.AddrFrom4([4]byte{127, 31, 7, byte(h)})
+			}
+			return netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x31, 0, 0, 0, 7, 14: byte(h >> 8), 15: byte(h)})
+		}
+		withCookie := func(cookie []byte) func(int) []byte {
+			return func(i int) []byte { return cookieQuery(uint16(i), name, ednsOption(10, cookie)) }
+		}
+		resolvers := func(cookieFor func(r int) []byte) []flow {
+			var out []flow
+			for r := range 5 {
+				src := netip.AddrPortFrom(host(201+r), uint16(41000+r))
+				out = append(out, flow{Name: fmt.Sprintf("resolver%d", r), Rate: 0.05 * L, End: dur,
+					Src: func(int) netip.AddrPort { return src }, Payload: withCookie(cookieFor(r))})
+			}
+			return out
+		}
+		flood := flow{Name: "flood", Rate: 20 * L, End: dur, Src: func(int) netip.AddrPort {
+			return netip.AddrPortFrom(host(1+rng.IntN(200)), uint16(1024+rng.IntN(60000)))
+		}}
+		client := []byte("resolver")
+		valid := func(r int) []byte { return c.Generate(client, host(201+r), time.Now()) }
+		stale := func(r int) []byte { return c.Generate(client, host(201+r), time.Now().Add(-2*time.Hour)) }
+		other := func(r int) []byte { return c.Generate(client, host(100+r), time.Now()) }
+		proven := host(250)
+
+		scenarios := []struct {
+			name  string
+			flows []flow
+			check func(t *testing.T, run *liveRun)
+		}{
+			{"resolvers with valid cookies", append([]flow{flood}, resolvers(valid)...), func(t *testing.T, run *liveRun) {
+				for fi := 1; fi < len(run.flows); fi++ {
+					if l := run.loss(fi); l > 0.005 {
+						t.Errorf("%s lost %.2f%% of its queries, want at most 0.5%%", run.flows[fi].Name, 100*l)
+					}
+				}
+				if run.filter.CookiePassed == 0 {
+					t.Errorf("no query passed on a cookie: %+v", run.filter)
+				}
+			}},
+			{"resolvers with stale cookies", append([]flow{flood}, resolvers(stale)...), limitedLikeFlood},
+			{"resolvers with cookies of other addresses", append([]flow{flood}, resolvers(other)...), limitedLikeFlood},
+			{"one proven source at 10x", []flow{{Name: "proven", Rate: 10 * L, End: dur,
+				Src:     func(int) netip.AddrPort { return netip.AddrPortFrom(proven, 42000) },
+				Payload: withCookie(c.Generate(client, proven, time.Now()))}}, nil},
+		}
+		for _, sc := range scenarios {
+			t.Run(family+"/"+sc.name, func(t *testing.T) {
+				var srv *udpServer
+				var raw *rawSender
+				var f *Filter
+				if family == "ipv4" {
+					srv, f = attachLive(t, fmt.Sprint(L))
+					raw = newRawSender(t, srv.addr)
+				} else {
+					srv, raw, f = attachLiveIPv6(t, fmt.Sprint(L))
+				}
+				if err := f.UseCookies(c); err != nil {
+					t.Fatal(err)
+				}
+				run := runLiveWith(t, srv, raw, f, sc.flows, dur)
+				run.report(t)
+				// The flood (or the single proven source) is held to its limit.
+				if got := run.admitted(0, from, to); !within(got, L, 0.15) {
+					t.Errorf("%s admitted at %.0f pps in steady state, want %.0f ±15%%", sc.flows[0].Name, got, L)
+				}
+				if sc.check != nil {
+					sc.check(t, run)
+				}
+			})
+		}
+	}
+}
+
+// limitedLikeFlood fails t unless every resolver (flows 1..) lost about the flood's
+// (flow 0) share of its queries and the program saw their cookies as invalid.
+func limitedLikeFlood(t *testing.T, run *liveRun) {
+	t.Helper()
+	floodDelivered := 1 - run.loss(0)
+	for fi := 1; fi < len(run.flows); fi++ {
+		if d := 1 - run.loss(fi); d > 2*floodDelivered+0.02 {
+			t.Errorf("%s delivered %.1f%%, the flood %.1f%%: want it limited like the flood", run.flows[fi].Name, 100*d, 100*floodDelivered)
+		}
+	}
+	if run.filter.CookieInvalid == 0 || run.filter.CookiePassed != 0 {
+		t.Errorf("cookies counted %d invalid, %d passed; want invalid ones only", run.filter.CookieInvalid, run.filter.CookiePassed)
 	}
 }
