@@ -397,3 +397,90 @@ func slicesRepeat(b []byte, n int) []byte {
 	}
 	return out
 }
+
+// FuzzKernelCookieNeverDrops: two copies of the program with the same settings and
+// the same clock and draws, one using cookies and one not, judge the same packets:
+// the one using cookies never drops a packet the other passes.
+func FuzzKernelCookieNeverDrops(f *testing.F) {
+	c := NewCookies(testSecretA)
+	wall := time.Unix(1_770_000_000, 0)
+	sources := []netip.AddrPort{
+		netip.MustParseAddrPort("192.0.2.1:4000"), netip.MustParseAddrPort("192.0.2.2:4001"),
+		netip.MustParseAddrPort("[2001:db8::1]:4000"), netip.MustParseAddrPort("[::ffff:192.0.2.3]:4002"),
+	}
+	client := []byte("fuzzclie")
+	www := wireName("www", "example", "com")
+	for i, src := range sources {
+		cookie := c.Generate(client, src.Addr().Unmap(), wall)
+		f.Add(uint8(i), uint32(0), cookieQuery(1, www, ednsOption(10, cookie)))
+		f.Add(uint8(i), uint32(1<<31), cookieQuery(2, wireName(), ednsOption(3, nil), ednsOption(10, cookie)))
+		f.Add(uint8(i), ^uint32(0), cookieQuery(3, www, ednsOption(10, client)))
+		f.Add(uint8(i), uint32(12345), dnsQuery(4, true))
+		f.Add(uint8(i), uint32(99), cookieQuery(5, www, ednsOption(10, cookie))[:40])
+	}
+	cfg := NewConfig()
+	for _, kv := range [][2]string{{"requests-per-second", "20"}, {"total-requests-per-second", "100"}} {
+		if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+			f.Fatal(err)
+		}
+	}
+	with, without := newCookieRig(f, cfg), newCookieRig(f, cfg)
+	with.setKeys(c, wall)
+	without.setKeys(nil, wall)
+	now := with.mono
+	f.Fuzz(func(t *testing.T, which uint8, rnd uint32, payload []byte) {
+		if len(payload) > 1400 { // test-run takes a frame within a page
+			return
+		}
+		now += 1e6
+		frame := cookiePacket(sources[int(which)%len(sources)], payload)
+		var pass [2]bool
+		for i, r := range []*cookieRig{with, without} {
+			r.t = t
+			if err := r.objs.TestInput.Put(uint32(0), &filterTestInput{Now: now, Rnd: rnd}); err != nil {
+				t.Fatal(err)
+			}
+			_, pass[i] = r.run(frame)
+		}
+		if pass[1] && !pass[0] {
+			t.Fatalf("dropped with cookies, passed without: %x", payload)
+		}
+	})
+}
+
+// TestKernelCookieOwnAddressLevel: a proven query is judged in its address's node
+// only when the finest level is the whole address; with a coarser finest level (or
+// a port node first) there is no node of its own, and it is judged as without a
+// cookie. Without any limit it passes on its cookie.
+func TestKernelCookieOwnAddressLevel(t *testing.T) {
+	wall := time.Unix(1_780_000_000, 0)
+	c := NewCookies(testSecretA)
+	src4 := netip.MustParseAddrPort("192.0.2.44:3000")
+	src6 := netip.MustParseAddrPort("[2001:db8:1::44]:3000")
+	for _, tc := range []struct {
+		name   string
+		values [][2]string
+		want   kernelVerdict
+	}{
+		{"defaults", [][2]string{{"requests-per-second", "1000000"}}, verdictProven},
+		{"finest levels /24 and /64", [][2]string{{"requests-per-second", "1000000"}, {"ipv4-request-levels", "16:16"}, {"ipv6-request-levels", "48:4"}}, verdictNone},
+		{"no limits", [][2]string{{"requests-per-second", "0"}}, verdictProven},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := NewConfig()
+			for _, kv := range tc.values {
+				if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rig := newCookieRig(t, cfg)
+			rig.setKeys(c, wall)
+			for _, src := range []netip.AddrPort{src4, src6} {
+				q := cookieQuery(1, wireName("a"), ednsOption(10, c.Generate([]byte("levelcli"), src.Addr(), wall)))
+				if got, pass := rig.run(cookiePacket(src, q)); got != tc.want || !pass {
+					t.Errorf("%s: kernel %v (passed %v), want %v", src, got, pass, tc.want)
+				}
+			}
+		})
+	}
+}
