@@ -53,16 +53,15 @@ type kernelObjects struct {
 	Counters *ebpf.Map     `ebpf:"rrl_counters"`
 	Exempt4  *ebpf.Map     `ebpf:"rrl_exempt4"`
 	Exempt6  *ebpf.Map     `ebpf:"rrl_exempt6"`
-	// Cookie secrets and the lookup's scratch space (kernelcookie.go). A pinned
-	// filter opened without write access to the secrets has none; its scratch space
-	// is never opened, as only the program uses it.
+	// The server cookie secrets (kernelcookie.go); nil for a pinned filter opened
+	// without write access to them. The lookup's per-CPU scratch map is only the
+	// program's: the loader creates it, and the program holds it.
 	CookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
-	CookieScratch *ebpf.Map `ebpf:"rrl_cookie_scratch"`
 }
 
 func (o *kernelObjects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets, o.CookieScratch} {
+	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}

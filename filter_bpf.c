@@ -376,16 +376,24 @@ static __always_inline int load_net(struct __sk_buff *skb, __u32 off, void *to, 
 // The whole DNS header is read, for the section counts the cookie lookup checks first.
 #define DNS_HEADER_LEN 12
 
+// A DNS header: the first four bytes, then the four section counts as two aligned
+// words.
+struct dns_header {
+	__u8 b[4];
+	__be32 qd_an;
+	__be32 ns_ar;
+};
+
 struct fast_v4 {
 	struct iphdr ip;
 	struct udphdr udp;
-	__u8 dns[DNS_HEADER_LEN];
+	struct dns_header dns;
 };
 
 struct fast_v6 {
 	struct ipv6hdr ip;
 	struct udphdr udp;
-	__u8 dns[DNS_HEADER_LEN];
+	struct dns_header dns;
 };
 
 static __always_inline void set_udp(struct packet *p, struct udphdr *udp, __u8 *dns)
@@ -396,12 +404,11 @@ static __always_inline void set_udp(struct packet *p, struct udphdr *udp, __u8 *
 	p->dns_flags = p->dns_len >= 3 ? dns[2] : 0;
 }
 
-// set_counts keeps the DNS header's four section counts (dns holds the whole header).
-static __always_inline void set_counts(struct packet *p, __u8 *dns)
+// set_counts keeps the DNS header's four section counts.
+static __always_inline void set_counts(struct packet *p, const struct dns_header *dns)
 {
-	__u64 w;
-	__builtin_memcpy(&w, &dns[4], 8);
-	p->dns_counts = p->dns_len >= DNS_HEADER_LEN ? bpf_be64_to_cpu(w) : 0;
+	p->dns_counts = p->dns_len >= DNS_HEADER_LEN ?
+		(__u64)bpf_ntohl(dns->qd_an) << 32 | bpf_ntohl(dns->ns_ar) : 0;
 }
 
 static __always_inline void set_ipv6_source(struct packet *p, struct ipv6hdr *ip6)
@@ -437,8 +444,8 @@ static __always_inline int parse_fast(struct __sk_buff *skb, struct packet *p)
 		p->v4 = 1;
 		p->hi = 0;
 		p->lo = bpf_ntohl(h.ip.saddr);
-		set_udp(p, &h.udp, h.dns);
-		set_counts(p, h.dns);
+		set_udp(p, &h.udp, h.dns.b);
+		set_counts(p, &h.dns);
 		p->dns_off = sizeof(h.ip) + sizeof(h.udp);
 		return PARSE_OK;
 	}
@@ -447,8 +454,8 @@ static __always_inline int parse_fast(struct __sk_buff *skb, struct packet *p)
 		if (load_net(skb, 0, &h, sizeof(h)) || h.ip.nexthdr != IPPROTO_UDP)
 			return -1;
 		set_ipv6_source(p, &h.ip);
-		set_udp(p, &h.udp, h.dns);
-		set_counts(p, h.dns);
+		set_udp(p, &h.udp, h.dns.b);
+		set_counts(p, &h.dns);
 		p->dns_off = sizeof(h.ip) + sizeof(h.udp);
 		return PARSE_OK;
 	}
@@ -514,17 +521,17 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 	struct udphdr udp;
 	if (load_net(skb, off, &udp, sizeof(udp)))
 		return PARSE_ERROR;
-	__u8 dns[DNS_HEADER_LEN] = {};
-	set_udp(p, &udp, dns);
+	struct dns_header dns = {};
+	set_udp(p, &udp, dns.b);
 	p->dns_off = off + sizeof(udp);
 	if (p->dns_len >= DNS_HEADER_LEN) {
-		if (load_net(skb, p->dns_off, dns, DNS_HEADER_LEN))
+		if (load_net(skb, p->dns_off, &dns, DNS_HEADER_LEN))
 			return PARSE_ERROR;
-	} else if (p->dns_len >= 3 && load_net(skb, p->dns_off, dns, 3)) {
+	} else if (p->dns_len >= 3 && load_net(skb, p->dns_off, &dns, 3)) {
 		return PARSE_ERROR;
 	}
-	p->dns_flags = dns[2];
-	set_counts(p, dns);
+	p->dns_flags = dns.b[2];
+	set_counts(p, &dns);
 	return PARSE_OK;
 }
 
@@ -572,30 +579,33 @@ static __always_inline int is_exempt(struct settings *s, struct packet *p)
 
 // siphash24 is SipHash-2-4 keyed by k over a message of nblocks (at most 4) 8-byte
 // little-endian words m and the final word last (the tail bytes and the length in
-// the top byte). A subprogram with loops rather than unrolled: only queries that
-// carry a server cookie call it, and every attached socket pays for program size.
+// the top byte). A subprogram with one copy of the round in one loop (two rounds per
+// word, then four): every attached socket pays for the program's size, and only
+// queries that carry a server cookie call it.
 static __noinline __u64 siphash24(const struct sip_key *k, const __u64 *m, __u32 nblocks, __u64 last)
 {
 	__u64 v0 = k->k0 ^ 0x736f6d6570736575ULL;
 	__u64 v1 = k->k1 ^ 0x646f72616e646f6dULL;
 	__u64 v2 = k->k0 ^ 0x6c7967656e657261ULL;
 	__u64 v3 = k->k1 ^ 0x7465646279746573ULL;
+	__u64 word = last;
+	// Rounds 2i and 2i+1 take word i (m, then last); then four more rounds.
 #pragma clang loop unroll(disable)
-	for (__u32 i = 0; i < 5; i++) {
-		__u64 w = last;
-		if (i < nblocks)
-			w = m[i & 3];
-		v3 ^= w;
-		SIPROUND;
-		SIPROUND;
-		v0 ^= w;
-		if (i >= nblocks)
+	for (__u64 r = 0; r < 2 * 5 + 4; r++) {
+		__u64 i = r >> 1;
+		if (i > nblocks + 2)
 			break;
-	}
-	v2 ^= 0xff;
-#pragma clang loop unroll(disable)
-	for (int r = 0; r < 4; r++)
+		if (!(r & 1) && i <= nblocks) {
+			word = i < nblocks ? m[i & 3] : last;
+			v3 ^= word;
+		}
 		SIPROUND;
+		if ((r & 1) && i <= nblocks) {
+			v0 ^= word;
+			if (i == nblocks)
+				v2 ^= 0xff;
+		}
+	}
 	return v0 ^ v1 ^ v2 ^ v3;
 }
 
@@ -611,10 +621,7 @@ enum cookie_verdict {
 // looks, else the offset of the option's data from the end of the DNS header in the
 // low 16 bits and the option's length (capped at 255) above them.
 //
-// A global function: the verifier checks it once, on its own, instead of walking
-// every label count at every place the caller's state differs, which took a second
-// of loading and a third of its instruction budget.
-__noinline int find_cookie(struct __sk_buff *skb, __u32 dns_off, __u32 dns_len)
+static __always_inline __u32 find_cookie(struct __sk_buff *skb, __u32 dns_off, __u32 dns_len)
 {
 	__u32 zero = 0;
 	struct cookie_scratch *sc = bpf_map_lookup_elem(&rrl_cookie_scratch, &zero);
@@ -665,25 +672,32 @@ name_end:
 		if (code == COOKIE_OPTION) {
 			if (o + 4 + olen > end)
 				return 0;
-			return (int)((o + 4) | (olen > 255 ? 255 : olen) << 16);
+			return (o + 4) | (olen > 255 ? 255 : olen) << 16;
 		}
 		o += 4 + olen;
 	}
 	return 0;
 }
 
-// check_cookie judges the server cookie of a query from p's source, at now on the
-// program's clock, as Cookies.Verify does: version 1, a timestamp no more than
-// COOKIE_MAX_AGE seconds old and COOKIE_MAX_FUTURE ahead of the wall clock, and
-// SipHash-2-4 over client cookie | version | reserved | timestamp | address with
-// the current or the previous secret.
-static __always_inline int check_cookie(struct __sk_buff *skb, const struct packet *p, __u64 now)
+// check_cookie judges the server cookie of a query whose DNS header is at dns_off
+// (bits 32..63 of where), dns_len bytes long (bits 1..31), from source (hi, lo), IPv4
+// if bit 0 of where is set, at now on the program's clock, as Cookies.Verify does:
+// version 1, a timestamp no more than COOKIE_MAX_AGE seconds old and
+// COOKIE_MAX_FUTURE ahead of the wall clock, and SipHash-2-4 over client cookie |
+// version | reserved | timestamp | address with the current or the previous secret.
+//
+// A global function: the verifier checks it once, on its own, instead of walking
+// every label count at every place the caller's state differs (which took a second
+// of loading), and the code that only cookie queries run stays out of the caller's
+// registers.
+__noinline int check_cookie(struct __sk_buff *skb, __u64 where, __u64 now, __u64 hi, __u64 lo)
 {
 	__u32 zero = 0;
+	__u32 dns_off = where >> 32, dns_len = (__u32)where >> 1;
 	struct cookie_secrets *sec = bpf_map_lookup_elem(&rrl_cookie_secrets, &zero);
 	if (!sec || !sec->has_current)
 		return COOKIE_NONE;
-	__u32 found = find_cookie(skb, p->dns_off, p->dns_len);
+	__u32 found = find_cookie(skb, dns_off, dns_len);
 	__u32 at = found & 0xffff, len = found >> 16;
 	if (!at)
 		return COOKIE_NONE;
@@ -691,7 +705,7 @@ static __always_inline int check_cookie(struct __sk_buff *skb, const struct pack
 		// Other server cookie sizes RFC 7873 allows are not ours (CookieBad).
 		return len >= 16 && len <= 40 ? COOKIE_INVALID : COOKIE_NONE;
 	__u64 ck[3];
-	if (load_net(skb, p->dns_off + DNS_HEADER_LEN + at, ck, sizeof(ck)))
+	if (load_net(skb, dns_off + DNS_HEADER_LEN + at, ck, sizeof(ck)))
 		return COOKIE_NONE;
 	__u64 w = le64(ck[1]); // version, reserved, timestamp
 	if ((w & 0xff) != COOKIE_VERSION)
@@ -703,12 +717,12 @@ static __always_inline int check_cookie(struct __sk_buff *skb, const struct pack
 	__u64 m[4] = {le64(ck[0]), w};
 	__u32 nblocks = 2;
 	__u64 last;
-	if (p->v4) {
+	if (where & 1) {
 		// An IPv4 client is hashed as 4 bytes, from a dual-stack socket too.
-		last = (__u64)__builtin_bswap32((__u32)p->lo) | (20ULL << 56);
+		last = (__u64)__builtin_bswap32((__u32)lo) | (20ULL << 56);
 	} else {
-		m[2] = __builtin_bswap64(p->hi);
-		m[3] = __builtin_bswap64(p->lo);
+		m[2] = __builtin_bswap64(hi);
+		m[3] = __builtin_bswap64(lo);
 		nblocks = 4;
 		last = 32ULL << 56;
 	}
@@ -842,7 +856,7 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 	// judged only in its own address's node, not in the groups it shares.
 	int proven = 0;
 	if (may_hold_cookie(&p)) {
-		int v = check_cookie(skb, &p, now);
+		int v = check_cookie(skb, (__u64)p.dns_off << 32 | p.dns_len << 1 | p.v4, now, p.hi, p.lo);
 		if (v == COOKIE_PROVEN && (!steps || own_address_step(&s->step[fam][0], p.v4))) {
 			steps = steps ? 1 : 0;
 			proven = 1;
@@ -850,6 +864,10 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 			count(c, COUNTER_COOKIE_INVALID);
 		}
 	}
+	// One loop for either step count: the compiler would otherwise make a copy of
+	// the loop for a proven query's single step, and every socket pays for size.
+	barrier_var(steps);
+	barrier_var(proven);
 	// The hash's first round depends on the key's hi word only, which is 0 for
 	// IPv4 sources, the port and the total node, and the same for IPv6 levels of
 	// /64 and longer: it is computed again only when hi changes.

@@ -56,7 +56,9 @@ func TestFilterFootprint(t *testing.T) {
 			limit = min(limit, v)
 		}
 	}
-	if optmem < 0 || optmem > limit/2 {
+	// The server cookie check (SipHash and the option lookup) takes the program from
+	// about 7 KB to about 11.5 KB: still little more than half the smallest default.
+	if optmem < 0 || optmem > limit*3/5 {
 		t.Errorf("filter charged %d bytes of socket option memory; want well under optmem_max %d", optmem, limit)
 	}
 	if mapBytes > 1<<20 {

@@ -395,3 +395,28 @@ func limitedLikeFlood(t *testing.T, run *liveRun) {
 		t.Errorf("cookies counted %d invalid, %d passed; want invalid ones only", run.filter.CookieInvalid, run.filter.CookiePassed)
 	}
 }
+
+// TestCollectorFilterCookies: the collector exports the filter's cookie counters.
+func TestCollectorFilterCookies(t *testing.T) {
+	requireBPF(t)
+	server := listenUDP(t, "udp4", "127.0.0.1:0")
+	f, err := Attach(server, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c := NewCookies(testSecretA)
+	if err := f.UseCookies(c); err != nil {
+		t.Fatal(err)
+	}
+	p := newCookieProbe(t, f, server, "udp4", "127.0.0.1")
+	client := []byte("metricsc")
+	for range 3 {
+		p.expect("valid", c.Generate(client, p.addr(), time.Now()), verdictProven)
+	}
+	p.expect("invalid", NewCookies(testSecretB).Generate(client, p.addr(), time.Now()), verdictInvalid)
+	checkSeries(t, NewCollector("dns", nil, CollectFilter(f)), map[string]float64{
+		"dns_filter_cookie_passed_total":  3,
+		"dns_filter_cookie_invalid_total": 1,
+	})
+}
