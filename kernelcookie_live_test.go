@@ -139,6 +139,13 @@ func TestUseCookiesFollowsCookies(t *testing.T) {
 	p.expect("current secret", cookieA, verdictProven)
 	p.expect("unknown secret", cookieB, verdictInvalid)
 	p.expect("stale", a.Generate(client, p.addr(), now.Add(-2*time.Hour)), verdictInvalid)
+	// The program's wall clock: the ends of the freshness window, a few seconds in.
+	for _, w := range []struct {
+		age  time.Duration
+		want kernelVerdict
+	}{{3595 * time.Second, verdictProven}, {3605 * time.Second, verdictInvalid}, {-295 * time.Second, verdictProven}, {-305 * time.Second, verdictInvalid}} {
+		p.expect(fmt.Sprintf("made %v ago", w.age), a.Generate(client, p.addr(), time.Now().Add(-w.age)), w.want)
+	}
 	p.expect("for another address", a.Generate(client, netip.MustParseAddr("127.0.0.2"), now), verdictInvalid)
 	c.Rotate(testSecretB)
 	p.expect("after Rotate, the new secret", cookieB, verdictProven)
