@@ -9,11 +9,12 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"net/netip"
 	"sync"
 	"syscall"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/sys/unix"
@@ -21,7 +22,7 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 6
+const layoutVersion = 7
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -29,8 +30,9 @@ const layoutVersion = 6
 // sketches, so the sockets of a SO_REUSEPORT group hold one limit together.
 //
 // Its maps take about 800 KiB of kernel memory whatever the traffic: the sketches
-// (768 KiB), the settings (8.3 KiB, mostly the reflection-port bitmap), per-CPU
-// counters and two small exempt-prefix tries.
+// (768 KiB), the settings (three entries of 8.3 KiB, mostly the reflection-port
+// bitmap: a header and two slots, see settings.go), per-CPU counters (1.4 KiB per
+// CPU) and two small exempt-prefix tries.
 //
 // A Filter is safe for concurrent use.
 type Filter struct {
@@ -39,9 +41,9 @@ type Filter struct {
 	cfg     *Config
 	seed    uint64
 	objs    *kernelObjects
-	sockets []syscall.Conn
-	pin     *pinState      // opened from pins (pin.go): Close leaves the pins in place
-	cookies *kernelCookies // the secrets of UseCookies (kernelcookie.go)
+	sockets []attachedSocket // sockets attached, checked against socketOwners
+	pin     *pinState        // opened from pins (pin.go): Close leaves the pins in place
+	cookies *kernelCookies   // the secrets of UseCookies (kernelcookie.go)
 }
 
 // kernelObjects are the program and maps production loads: test-only programs and
@@ -72,19 +74,26 @@ func (o *kernelObjects) Close() error {
 // Attach protects conn, a UDP socket (*net.UDPConn, or anything with SyscallConn),
 // with the eBPF filter configured by cfg (nil means NewConfig()).
 //
-// When the kernel refuses to load eBPF (no CAP_BPF), Attach still attaches the
-// classic-BPF prefilter and returns the Filter together with an error for which
-// errors.Is(err, ErrNotPermitted) holds: a caller that only logs the error keeps the
-// stateless protection, and Mode reports ModeClassic. The request limits then have
-// to be enforced in Go: make a Limiter from the same Config and discard every packet
-// for which Limiter.Allow(source) is false, right after reading it. The error says
-// how to get the eBPF filter instead: grant CAP_BPF (setcap cap_bpf+ep), attach
-// before dropping privileges (the attached filter keeps working), or attach objects
-// a privileged step pinned (AttachPinned).
+// Whenever the eBPF filter cannot be put on the socket, Attach keeps the classic-BPF
+// prefilter there instead and returns the Filter in ModeClassic together with an
+// error that says why, for which errors.Is holds with one of:
 //
-// When the socket's option memory (net.core.optmem_max) cannot hold the eBPF program,
-// Attach likewise falls back to the classic prefilter and returns an error for which
-// errors.Is(err, ErrOptMem) holds, naming the setting to raise.
+//   - ErrNotPermitted: no CAP_BPF. The message says how to get the eBPF filter: grant
+//     CAP_BPF (setcap cap_bpf+ep), attach before dropping privileges (the attached
+//     filter keeps working), or attach objects a privileged step pinned (AttachPinned).
+//   - ErrOptMem: the socket's option memory (net.core.optmem_max) cannot hold the
+//     program; the message names the setting.
+//   - ErrNotSupported: the kernel is too old or lacks a helper the program calls.
+//   - ErrLoadFailed: any other failure to load or attach the program.
+//
+// A caller that only logs such an error keeps the stateless protection, but the
+// request limits then have to be enforced in Go: make a Limiter from the same Config
+// and discard every packet for which Limiter.Allow(source) is false, right after
+// reading it (Protect does all of this).
+//
+// Attach returns a nil Filter only when conn is not a UDP socket or even the classic
+// prefilter could not be attached; every method of a nil Filter is safe and does
+// nothing, so `defer f.Close()` right after Attach is always safe.
 //
 // In report-only mode the filter counts what it would drop (FilterStats.ReportOnly
 // and the per-reason counters) and passes everything.
@@ -92,43 +101,60 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	if cfg == nil {
 		cfg = NewConfig()
 	}
-	f := &Filter{cfg: cfg.clone()}
-	objs, err := loadKernelObjects()
-	if err != nil {
-		if !errors.Is(err, ErrNotPermitted) {
-			return nil, err
-		}
-		if cerr := applyClassic(conn, f.cfg); cerr != nil {
-			return nil, errors.Join(err, fmt.Errorf("classic fallback: %w", cerr))
-		}
-		f.mode = ModeClassic
-		f.sockets = append(f.sockets, conn)
-		return f, err
+	if err := sockopt.Control(conn, checkUDPSocket); err != nil {
+		return nil, fmt.Errorf("rrl: attach filter: %w", err)
 	}
-	f.objs = objs
-	f.mode = ModeEBPF
-	if f.seed, err = randomSeed(); err == nil {
-		err = f.writeSettings(f.cfg)
+	id, err := identify(conn)
+	if err != nil {
+		return nil, fmt.Errorf("rrl: attach filter: %w", err)
+	}
+	f := &Filter{cfg: cfg.clone()}
+	loadErr := f.loadAndAttach(conn, id)
+	if loadErr == nil {
+		return f, nil
+	}
+	// Keep the stateless protection, which needs no privilege and a few hundred
+	// bytes of option memory.
+	if cerr := applyClassic(conn, f.cfg); cerr != nil {
+		return nil, errors.Join(loadErr, fmt.Errorf("classic fallback: %w", cerr))
+	}
+	f.mode = ModeClassic
+	f.own(conn, id)
+	return f, loadErr
+}
+
+// loadKernel loads the production program and maps; tests replace it to make the
+// load fail.
+var loadKernel = loadKernelObjects
+
+// loadAndAttach loads the eBPF filter and attaches it to conn, leaving f in ModeEBPF,
+// or returns why not with everything it made released. The error matches
+// ErrNotPermitted, ErrNotSupported, ErrOptMem or ErrLoadFailed.
+func (f *Filter) loadAndAttach(conn syscall.Conn, id socketID) error {
+	objs, err := loadKernel()
+	if err == nil {
+		f.objs = objs
+		if f.seed, err = randomSeed(); err == nil {
+			err = f.writeSettings(f.cfg)
+		}
+		if err == nil {
+			err = f.attachEBPF(conn, id)
+		}
+		if err != nil {
+			objs.Close()
+			f.objs = nil
+		}
 	}
 	if err == nil {
-		err = f.attachEBPF(conn)
+		f.mode = ModeEBPF
+		return nil
 	}
-	if err != nil {
-		objs.Close()
-		f.objs = nil
-		if !errors.Is(err, ErrOptMem) {
-			return nil, err
+	for _, known := range []error{ErrNotPermitted, ErrNotSupported, ErrOptMem, ErrLoadFailed} {
+		if errors.Is(err, known) {
+			return err
 		}
-		// The socket's option memory cannot hold the eBPF program: keep the
-		// stateless protection, which takes a few hundred bytes.
-		if cerr := applyClassic(conn, f.cfg); cerr != nil {
-			return nil, errors.Join(err, fmt.Errorf("classic fallback: %w", cerr))
-		}
-		f.mode = ModeClassic
-		f.sockets = append(f.sockets[:0], conn)
-		return f, err
 	}
-	return f, nil
+	return &sysError{op: "rrl: load eBPF filter", sentinel: ErrLoadFailed, err: err}
 }
 
 func loadKernelObjects() (*kernelObjects, error) {
@@ -140,9 +166,35 @@ func loadKernelObjects() (*kernelObjects, error) {
 	}
 	var objs kernelObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			if missing := missingHelper(); missing != nil {
+				return nil, notSupportedError("rrl: load eBPF filter", missing)
+			}
+		}
 		return nil, loadError("rrl: load eBPF filter", err)
 	}
 	return &objs, nil
+}
+
+// requiredHelpers are the helpers of the program that not every kernel this
+// package builds for has, newest first.
+var requiredHelpers = []asm.BuiltinFunc{
+	asm.FnKtimeGetCoarseNs, // Linux 5.11
+	asm.FnJiffies64,        // Linux 5.5
+	asm.FnSkbLoadBytesRelative,
+}
+
+// missingHelper names the first helper the program needs that the kernel lacks for
+// socket filters, or returns nil. The verifier rejects such a program like an unsafe
+// one; probing tells an old kernel from a bug.
+func missingHelper() error {
+	for _, fn := range requiredHelpers {
+		if err := features.HaveProgramHelper(ebpf.SocketFilter, fn); errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("the kernel lacks the helper %s for socket filters: %w", fn, err)
+		}
+	}
+	return nil
 }
 
 func randomSeed() (uint64, error) {
@@ -153,7 +205,7 @@ func randomSeed() (uint64, error) {
 	return binary.LittleEndian.Uint64(b[:]), nil
 }
 
-func (f *Filter) attachEBPF(conn syscall.Conn) error {
+func (f *Filter) attachEBPF(conn syscall.Conn, id socketID) error {
 	fd := f.objs.Program.FD()
 	err := sockopt.Control(conn, func(s int) error {
 		if err := checkUDPSocket(s); err != nil {
@@ -164,32 +216,48 @@ func (f *Filter) attachEBPF(conn syscall.Conn) error {
 	if err != nil {
 		return sockoptError("rrl: attach filter", err)
 	}
-	f.sockets = append(f.sockets, conn)
+	f.own(conn, id)
 	return nil
 }
 
 // Attach adds another socket, typically one more of a SO_REUSEPORT group, to f: it
 // shares f's limits and sketches.
 func (f *Filter) Attach(conn syscall.Conn) error {
+	if f == nil {
+		return ErrClosed
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	switch f.mode {
-	case ModeEBPF:
-		return f.attachEBPF(conn)
-	case ModeClassic:
-		if err := applyClassic(conn, f.cfg); err != nil {
-			return err
-		}
-		f.sockets = append(f.sockets, conn)
-		return nil
+	if f.mode == ModeNone {
+		return ErrClosed
 	}
-	return ErrClosed
+	id, err := identify(conn)
+	if err != nil {
+		return fmt.Errorf("rrl: attach filter: %w", err)
+	}
+	if f.mode == ModeEBPF {
+		return f.attachEBPF(conn, id)
+	}
+	if err := applyClassic(conn, f.cfg); err != nil {
+		return err
+	}
+	f.own(conn, id)
+	return nil
 }
 
 // Update applies cfg to the running filter without losing its sketches: limits,
 // levels, report-only, exempt-clients and reflection ports change at once for every
-// attached socket.
+// attached socket. For the eBPF filter it is all or nothing: cfg is checked before
+// anything is written, and on any error the filter keeps running its previous
+// configuration, which Config still returns; every packet is judged either wholly
+// by the previous configuration or wholly by cfg. Updates of one Filter, and of
+// Filters in one process, are serialised; Updates of the same pins from two
+// processes are not, and must not overlap: the later one then fails, and the
+// configuration in force may hold parts of both until the next Update.
 func (f *Filter) Update(cfg *Config) error {
+	if f == nil {
+		return ErrClosed
+	}
 	if cfg == nil {
 		cfg = NewConfig()
 	}
@@ -202,10 +270,8 @@ func (f *Filter) Update(cfg *Config) error {
 			return err
 		}
 	case ModeClassic:
-		for _, s := range f.sockets {
-			if err := applyClassic(s, cfg); err != nil {
-				return err
-			}
+		if err := f.updateClassic(cfg); err != nil {
+			return err
 		}
 	default:
 		return ErrClosed
@@ -214,23 +280,58 @@ func (f *Filter) Update(cfg *Config) error {
 	return nil
 }
 
-// Mode reports which filter is attached.
+// updateClassic puts the classic prefilter for cfg on every socket f owns, all or
+// nothing: the program is built before any socket is touched, and a socket that
+// refuses it puts the sockets already changed back to f.cfg's program.
+func (f *Filter) updateClassic(cfg *Config) error {
+	if _, err := classicProgram(cfg); err != nil {
+		return fmt.Errorf("rrl: update classic filter: %w", err)
+	}
+	owned := f.ownedSockets()
+	for i, s := range owned {
+		err := applyClassic(s.conn, cfg)
+		if err == nil || isClosedSocket(err) {
+			continue
+		}
+		for _, done := range owned[:i] {
+			applyClassic(done.conn, f.cfg) // it took this program before
+		}
+		return err
+	}
+	return nil
+}
+
+// Mode reports which filter is attached (ModeNone for a nil or closed Filter).
 func (f *Filter) Mode() FilterMode {
+	if f == nil {
+		return ModeNone
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.mode
 }
 
-// Close detaches the filter from every socket it was attached to and frees its
-// programs and maps (for a pinned filter: closes this process's descriptors, and
-// the pins keep the program and maps). Closing twice is harmless.
+// Close detaches the filter from every socket it was attached to, except sockets a
+// later Filter of this process attached to since (so that attaching a new Filter and
+// then closing the old one leaves the new one in force), and frees its programs and
+// maps (for a pinned filter: closes this process's descriptors, and the pins keep the
+// program and maps). Sockets already closed are skipped without error. Closing twice,
+// or closing a nil Filter, is harmless.
 func (f *Filter) Close() error {
+	if f == nil {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
 	f.stopCookies()
 	for _, s := range f.sockets {
-		if err := detachFilter(s); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
+		if !f.owns(s) {
+			continue
+		}
+		err := detachFilter(s.conn)
+		f.disown(s)
+		if err != nil && !errors.Is(err, unix.ENOENT) && !isClosedSocket(err) {
 			errs = append(errs, err)
 		}
 	}
@@ -343,6 +444,9 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 		if lat.limit[nodeTotal] != 0 {
 			steps = append(steps, lat.step(nodeTotal))
 		}
+		for i := range steps {
+			steps[i].Limited = limitedCounter(steps[i].limiterNode())
+		}
 		s.Steps[fam] = uint32(copy(s.Step[fam][:], steps))
 	}
 	for _, p := range cfg.exempt {
@@ -370,66 +474,23 @@ var coarseTick = sync.OnceValue(func() uint64 {
 	return uint64(res.Nano())
 })
 
+// writeSettings makes cfg the configuration the kernel runs (settings.go): it checks
+// everything first, and leaves the previous configuration in force on any error.
 func (f *Filter) writeSettings(cfg *Config) error {
+	if err := checkKernelConfig(cfg); err != nil {
+		return err
+	}
+	var beforeFlip func(slot uint8) error
 	if f.pin != nil {
 		if err := f.pin.checkWritable(); err != nil {
 			return err
 		}
-	}
-	if err := f.objs.Settings.Put(uint32(0), kernelSettings(cfg, f.seed)); err != nil {
-		return fmt.Errorf("rrl: write settings: %w", err)
-	}
-	if err := replaceExempt(f.objs.Exempt4, f.objs.Exempt6, cfg.exempt); err != nil {
-		return fmt.Errorf("rrl: write exempt-clients: %w", err)
-	}
-	if f.pin != nil {
-		return f.pin.saveConfig(cfg)
-	}
-	return nil
-}
-
-// replaceExempt makes the exempt tries hold exactly prefixes.
-func replaceExempt(m4, m6 *ebpf.Map, prefixes []netip.Prefix) error {
-	want4 := map[filterExempt4Key]bool{}
-	want6 := map[filterExempt6Key]bool{}
-	for _, p := range prefixes {
-		if p.Addr().Is4() {
-			want4[filterExempt4Key{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}] = true
-		} else {
-			want6[filterExempt6Key{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}] = true
-		}
-	}
-	if len(want4) > int(m4.MaxEntries()) || len(want6) > int(m6.MaxEntries()) {
-		return fmt.Errorf("more than %d exempt prefixes per family", m4.MaxEntries())
-	}
-	if err := syncTrie(m4, want4); err != nil {
-		return err
-	}
-	return syncTrie(m6, want6)
-}
-
-func syncTrie[K comparable](m *ebpf.Map, want map[K]bool) error {
-	var k K
-	var stale []K
-	var v uint8
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if !want[k] {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		text, err := configValue(cfg, f.pin.flags)
+		if err != nil {
 			return err
 		}
+		// The Config text has a slot of its own next to each settings slot.
+		beforeFlip = func(slot uint8) error { return f.pin.saveConfig(slot, text) }
 	}
-	for k := range want {
-		if err := m.Put(k, uint8(1)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return f.objs.settingsMaps().apply(cfg, f.seed, beforeFlip)
 }

@@ -145,7 +145,7 @@ func TestLiveDualStack(t *testing.T) {
 	st, _ := f.Stats()
 	var v4Limited uint64
 	for _, n := range st.Nodes {
-		if n.Node == "ipv4/32" {
+		if n.Node.String() == "ipv4/32" {
 			v4Limited = n.Limited
 		}
 	}
@@ -418,12 +418,13 @@ func TestLiveClockOnMonotonic(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, f := attachLive(t, "1000")
-			var s filterSettings
-			if err := f.objs.Settings.Lookup(uint32(0), &s); err != nil {
+			s, _, err := f.objs.settingsMaps().active(nil)
+			if err != nil {
 				t.Fatal(err)
 			}
 			s.TickNs = tc.tickNs
-			if err := f.objs.Settings.Put(uint32(0), &s); err != nil {
+			// The slot in force, in place: a test's shortcut past Update.
+			if err := f.objs.Settings.Put(uint32(1+s.Slot), s); err != nil {
 				t.Fatal(err)
 			}
 			checkLiveClock(t, srv, f, tick, tc.packets)

@@ -62,10 +62,7 @@ func crossCheck(t *testing.T, cfg *Config, seed uint64, wantDrops bool) {
 			t.Fatalf("node %d: active in the model (limit %d), not in the kernel settings", n, model.nodeLimit(n))
 		}
 	}
-	if err := objs.Settings.Put(uint32(0), settings); err != nil {
-		t.Fatal(err)
-	}
-	if err := replaceExempt(objs.Exempt4, objs.Exempt6, cfg.exempt); err != nil {
+	if err := objs.settingsMaps().apply(cfg, seed, nil); err != nil {
 		t.Fatal(err)
 	}
 

@@ -8,6 +8,12 @@
 // drop-in for github.com/markdingo/rrl: a program written against it builds against
 // this package by changing its import path.
 //
+// A miekg/dns server is protected with one call, [Protect]: it attaches the best
+// kernel filter the host allows, runs the request limits in Go wherever the eBPF
+// filter is not in force, and puts response rate limiting, DNS cookies and the TCP
+// connection limit in front of the server's handler, so that every limit applies
+// exactly once; [Protection.Status] says which protection is in force and why.
+//
 // The kernel filter needs Linux. The package builds on every platform: elsewhere
 // [Attach] and the other calls of the kernel filter return an error matching
 // [ErrNotSupported], and RRL, [Limiter] and [Handler] work as on Linux.

@@ -29,7 +29,7 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-#define LAYOUT_VERSION 6
+#define LAYOUT_VERSION 7
 
 #define MAX_LEVELS 5
 #define NODE_IPV4_FIRST 0
@@ -38,6 +38,9 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define NODE_TOTAL (NODE_PORT + 1)
 #define NUM_NODES (NODE_TOTAL + 1)
 #define MAX_STEPS (MAX_LEVELS + 2)
+// Counters of packets limited by a level: one per (family, prefix length), then the
+// port and total nodes, so that a level keeps its counter whatever node it uses.
+#define NUM_LIMITED (33 + 129 + 2)
 
 #define SKETCH_DEPTH 2
 #define SKETCH_WIDTH_SHIFT 11
@@ -80,16 +83,27 @@ struct step {
 	fp_t trip;                // smallest count whose arrival_rate reaches limit
 	fp_t limit;
 	__u32 node;
-	__u32 pad;
+	__u32 limited;            // this level's limited counter: COUNTER_LIMITED0 + limited
 };
 
-// Live settings, written by the Go side (attach.go) and read on every packet.
+// Live settings, written by the Go side (settings.go) and read on every packet.
+//
+// rrl_settings holds three of them: entry 0 is a header whose slot field names the
+// slot in force, entries 1 and 2 are the two slots. A packet reads the header and
+// then only the slot it names (active_settings), and the exempt tries' entries of
+// that slot. Go writes a new configuration into the other slot and its exempt
+// entries, then flips the header's slot (one byte: a packet reads it whole, old or
+// new); it rewrites a slot only a grace period after it stopped being in force, when
+// no packet that read the old slot number can still be running. So every packet is
+// judged entirely by one configuration, never by a mix of two.
 struct settings {
 	__u32 layout_version;
 	__u8 report_only;
-	__u8 has_exempt4;         // rrl_exempt4 holds prefixes: look sources up
+	__u8 has_exempt4;         // rrl_exempt4 holds prefixes of this slot: look sources up
 	__u8 has_exempt6;
-	__u8 pad;
+	__u8 slot;                // header: the slot in force (0 or 1); a slot: its own number
+	__u64 generation;         // header: flips so far (Go's readers check it did not move)
+	__u64 flipped_ns;         // header: CLOCK_MONOTONIC of the last flip
 	__u64 seed;
 	__u64 seed_mix0;          // mix64(seed), the hash's first round for hi == 0
 	__u64 tick_ns;            // length of a jiffy (the coarse clock's resolution); 0: unknown
@@ -109,8 +123,8 @@ enum counter {
 	COUNTER_EXEMPT,
 	COUNTER_REPORT_ONLY,      // would have been dropped (any reason), passed in report-only mode
 	COUNTER_ERROR,            // internal failure, passed
-	COUNTER_LIMITED_NODE0,    // limited by node i: COUNTER_LIMITED_NODE0 + i
-	COUNTER_COOKIE_PASSED = COUNTER_LIMITED_NODE0 + NUM_NODES, // passed on a valid server cookie
+	COUNTER_LIMITED0,         // limited by a level: COUNTER_LIMITED0 + step.limited
+	COUNTER_COOKIE_PASSED = COUNTER_LIMITED0 + NUM_LIMITED, // passed on a valid server cookie
 	COUNTER_COOKIE_INVALID,   // a server cookie that does not verify: judged as without one
 	COUNTER_MAX,
 };
@@ -123,14 +137,21 @@ struct counters {
 	__u64 value[COUNTER_MAX];
 };
 
+// The exempt tries hold the prefixes of both settings slots, told apart by the slot
+// byte that precedes the address: an entry's prefixlen is 8 plus its prefix length,
+// so a lookup matches only entries of the slot it names.
 struct exempt4_key {
 	__u32 prefixlen;
+	__u8 slot;
 	__u8 addr[4];
+	__u8 pad[3];
 };
 
 struct exempt6_key {
 	__u32 prefixlen;
+	__u8 slot;
 	__u8 addr[16];
+	__u8 pad[3];
 };
 
 struct {
@@ -142,7 +163,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 3);   // the header, then the two slots
 	__type(key, __u32);
 	__type(value, struct settings);
 } rrl_settings SEC(".maps");
@@ -156,7 +177,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 2048); // 1024 prefixes for each slot
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct exempt4_key);
 	__type(value, __u8);
@@ -164,7 +185,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 2048); // 1024 prefixes for each slot
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct exempt6_key);
 	__type(value, __u8);
@@ -358,7 +379,7 @@ struct packet {
 	__u8 dns_flags;    // third byte of the DNS header (QR, opcode, AA, TC, RD)
 	__u32 dns_len;     // UDP payload length
 	__u32 dns_off;     // offset of the DNS header from the network header
-	__u64 dns_counts;  // QDCOUNT, ANCOUNT, NSCOUNT, ARCOUNT as one big-endian word; 0 if absent
+	__u64 dns_counts;  // QDCOUNT, ANCOUNT, NSCOUNT, ARCOUNT (meaningful if dns_len >= 12)
 };
 
 enum parse_result {
@@ -404,11 +425,12 @@ static __always_inline void set_udp(struct packet *p, struct udphdr *udp, __u8 *
 	p->dns_flags = p->dns_len >= 3 ? dns[2] : 0;
 }
 
-// set_counts keeps the DNS header's four section counts.
+// set_counts keeps the DNS header's four section counts. For a payload shorter than
+// a header they are whatever followed it, harmless: a cookie is looked for only in
+// a payload long enough to hold one.
 static __always_inline void set_counts(struct packet *p, const struct dns_header *dns)
 {
-	p->dns_counts = p->dns_len >= DNS_HEADER_LEN ?
-		(__u64)bpf_ntohl(dns->qd_an) << 32 | bpf_ntohl(dns->ns_ar) : 0;
+	p->dns_counts = (__u64)bpf_ntohl(dns->qd_an) << 32 | bpf_ntohl(dns->ns_ar);
 }
 
 static __always_inline void set_ipv6_source(struct packet *p, struct ipv6hdr *ip6)
@@ -543,19 +565,25 @@ static __always_inline void count(struct counters *c, __u32 which)
 		c->value[which]++;
 }
 
+static __always_inline void count_limited(struct counters *c, __u64 i)
+{
+	if (c && i < NUM_LIMITED)
+		c->value[COUNTER_LIMITED0 + i]++;
+}
+
 static __always_inline int is_exempt(struct settings *s, struct packet *p)
 {
 	if (p->v4) {
 		if (!s->has_exempt4)
 			return 0;
-		struct exempt4_key k = {.prefixlen = 32};
+		struct exempt4_key k = {.prefixlen = 8 + 32, .slot = s->slot};
 		__u32 a = bpf_htonl((__u32)p->lo);
 		__builtin_memcpy(k.addr, &a, 4);
 		return bpf_map_lookup_elem(&rrl_exempt4, &k) != NULL;
 	}
 	if (!s->has_exempt6)
 		return 0;
-	struct exempt6_key k = {.prefixlen = 128};
+	struct exempt6_key k = {.prefixlen = 8 + 128, .slot = s->slot};
 	__u64 hi = bpf_cpu_to_be64(p->hi), lo = bpf_cpu_to_be64(p->lo);
 	__builtin_memcpy(&k.addr[0], &hi, 8);
 	__builtin_memcpy(&k.addr[8], &lo, 8);
@@ -851,7 +879,8 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 	struct judgement j = {.test_rnd = test_rnd};
 	__u32 fam = p.v4 & 1;
 	__u32 steps = s->steps[fam];
-	int decider = -1;
+	int refused = 0;
+	__u64 decider = 0;        // the refusing step's limited counter
 	// A query with a valid server cookie comes from the address it claims: it is
 	// judged only in its own address's node, not in the groups it shares.
 	int proven = 0;
@@ -864,10 +893,6 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 			count(c, COUNTER_COOKIE_INVALID);
 		}
 	}
-	// One loop for either step count: the compiler would otherwise make a copy of
-	// the loop for a proven query's single step, and every socket pays for size.
-	barrier_var(steps);
-	barrier_var(proven);
 	// The hash's first round depends on the key's hi word only, which is 0 for
 	// IPv4 sources, the port and the total node, and the same for IPv6 levels of
 	// /64 and longer: it is computed again only when hi changes.
@@ -897,12 +922,14 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 		}
 		// arrival_rate(min) * draw < limit holds for every draw below the trip
 		// count (the draw is below 1): the same verdict without the multiplies.
-		if (min >= st->trip && decider < 0 && !node_passes(&j, min, st->limit))
-			decider = node;
+		if (min >= st->trip && !refused && !node_passes(&j, min, st->limit)) {
+			refused = 1;
+			decider = st->limited;
+		}
 	}
 
-	if (decider >= 0) {
-		count(c, COUNTER_LIMITED_NODE0 + decider);
+	if (refused) {
+		count_limited(c, decider);
 		goto drop;
 	}
 	if (proven)
@@ -946,12 +973,24 @@ static __always_inline __u64 clock_now(const struct settings *s, struct counters
 	return j * tick + c->clock_offset;
 }
 
+// active_settings returns the settings slot in force (see struct settings), NULL
+// when a lookup fails.
+static __always_inline struct settings *active_settings(void)
+{
+	__u32 key = 0;
+	struct settings *h = bpf_map_lookup_elem(&rrl_settings, &key);
+	if (!h)
+		return NULL;
+	key = 1 + (h->slot & 1);
+	return bpf_map_lookup_elem(&rrl_settings, &key);
+}
+
 SEC("socket")
 int rrl_filter(struct __sk_buff *skb)
 {
 	__u32 zero = 0;
 	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
-	struct settings *s = bpf_map_lookup_elem(&rrl_settings, &zero);
+	struct settings *s = active_settings();
 	return filter(skb, s, c, clock_now(s, c), NULL);
 }
 
@@ -980,7 +1019,7 @@ int rrl_filter_test(struct __sk_buff *skb)
 	if (!in)
 		return skb->len;
 	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
-	struct settings *s = bpf_map_lookup_elem(&rrl_settings, &zero);
+	struct settings *s = active_settings();
 	return filter(skb, s, c, in->now, &in->rnd);
 }
 

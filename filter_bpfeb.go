@@ -47,19 +47,23 @@ type filterCounters struct {
 	_           structs.HostLayout
 	ClockSync   uint64
 	ClockOffset uint64
-	Value       [23]uint64
+	Value       [175]uint64
 }
 
 type filterExempt4Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
+	Slot      uint8
 	Addr      [4]uint8
+	Pad       [3]uint8
 }
 
 type filterExempt6Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
+	Slot      uint8
 	Addr      [16]uint8
+	Pad       [3]uint8
 }
 
 type filterSettings struct {
@@ -68,7 +72,9 @@ type filterSettings struct {
 	ReportOnly       uint8
 	HasExempt4       uint8
 	HasExempt6       uint8
-	Pad              uint8
+	Slot             uint8
+	Generation       uint64
+	FlippedNs        uint64
 	Seed             uint64
 	SeedMix0         uint64
 	TickNs           uint64
@@ -86,7 +92,7 @@ type filterStep struct {
 	Trip     uint64
 	Limit    uint64
 	Node     uint32
-	Pad      uint32
+	Limited  uint32
 }
 
 type filterTestFp struct {

@@ -28,10 +28,10 @@ func FuzzFilterPackets(f *testing.F) {
 	objs := loadTestObjects(f)
 	cfg := NewConfig()
 	cfg.SetValue("requests-per-second", "1")
-	if err := objs.Settings.Put(uint32(0), kernelSettings(cfg, 1)); err != nil {
+	if err := objs.settingsMaps().apply(cfg, 1, nil); err != nil {
 		f.Fatal(err)
 	}
-	counters := &Filter{objs: &kernelObjects{Counters: objs.Counters}, mode: ModeEBPF, cfg: cfg}
+	counters := &Filter{objs: &kernelObjects{Counters: objs.Counters, Settings: objs.Settings}, mode: ModeEBPF, cfg: cfg}
 	f.Fuzz(func(t *testing.T, v6 bool, pkt []byte) {
 		before, err := counters.Stats()
 		if err != nil {

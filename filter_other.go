@@ -64,3 +64,6 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return ni
 
 // UseCookies returns an error matching ErrNotSupported.
 func (f *Filter) UseCookies(c *Cookies) error { return errNotLinux }
+
+// AttachLocal returns an error matching ErrNotSupported: socket filters need Linux.
+func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) { return nil, errNotLinux }

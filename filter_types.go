@@ -30,6 +30,11 @@ var (
 	// (ENOMEM from SO_ATTACH_FILTER or SO_ATTACH_BPF).
 	ErrOptMem = errors.New("socket option memory exhausted")
 
+	// ErrLoadFailed: the kernel could not load or attach the eBPF program for a reason
+	// other than privilege, option memory or a missing kernel feature (a verifier
+	// rejection, a map that could not be created); the message has the kernel's words.
+	ErrLoadFailed = errors.New("eBPF filter failed to load")
+
 	// ErrClosed: the Filter has been closed.
 	ErrClosed = errors.New("filter closed")
 
@@ -87,11 +92,13 @@ type FilterStats struct {
 	Nodes             []NodeStats
 }
 
-// NodeStats are the counters of one source group level of the request limiter.
+// NodeStats are the counters of one source group level of the request limiter. A
+// level keeps its counter when an Update takes it out of force (with Limit 0) and
+// when it comes back, so Limited never goes down.
 type NodeStats struct {
-	Node    string  // "ipv4/24", "ipv6/56", "port" (one source port), "total"
-	Limit   float64 // packets per second per group
-	Limited uint64  // packets this level refused (dropped unless report-only)
+	Node    LimiterNode // the level: ipv4/24, ipv6/56, port (one source port), total
+	Limit   float64     // packets per second per group; 0 for a level no longer in force
+	Limited uint64      // packets this level refused (dropped unless report-only)
 }
 
 // Dropped is the number of packets the filter withheld, for every reason.
@@ -101,16 +108,16 @@ func (s FilterStats) Dropped() uint64 {
 
 // SketchCell is one cell of a request-limiter sketch and its current rate estimate.
 type SketchCell struct {
-	Node   string  `json:"node"`   // the level, as in NodeStats ("ipv4/24", "port", ...)
-	Row    int     `json:"row"`    // sketch row (every group counts once in each row)
-	Column int     `json:"column"` // column within the row
-	Rate   float64 `json:"rate"`   // packets per second of all groups hashing here, decayed to now
-	Limit  float64 `json:"limit"`  // the level's limit per group
+	Node   LimiterNode `json:"node"`   // the level, as in NodeStats ("ipv4/24", "port", ...)
+	Row    int         `json:"row"`    // sketch row (every group counts once in each row)
+	Column int         `json:"column"` // column within the row
+	Rate   float64     `json:"rate"`   // packets per second of all groups hashing here, decayed to now
+	Limit  float64     `json:"limit"`  // the level's limit per group
 }
 
 // GroupRate is the filter's current rate estimate for one source group.
 type GroupRate struct {
-	Node  string       `json:"node"`           // the level
+	Node  LimiterNode  `json:"node"`           // the level
 	Group netip.Prefix `json:"group"`          // the source masked to the level (0.0.0.0/0 for port and total)
 	Port  uint16       `json:"port,omitempty"` // the source port, for the port level
 	Rate  float64      `json:"rate"`           // packets per second: the smaller of the group's cells, an upper bound

@@ -9,6 +9,9 @@ import (
 // Stats returns the filter's counters. In ModeClassic the classic prefilter keeps no
 // counters and only Mode is set.
 func (f *Filter) Stats() (FilterStats, error) {
+	if f == nil {
+		return FilterStats{}, nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st := FilterStats{Mode: f.mode}
@@ -29,20 +32,31 @@ func (f *Filter) Stats() (FilterStats, error) {
 	st.DroppedShort, st.DroppedResponse, st.DroppedReflection = sum[counterDropShort], sum[counterDropResponse], sum[counterDropReflection]
 	st.Exempt, st.ReportOnly, st.Errors = sum[counterExempt], sum[counterReportOnly], sum[counterError]
 	st.CookiePassed, st.CookieInvalid = sum[counterCookiePassed], sum[counterCookieInvalid]
-	p, err := newLimiterParams(f.cfg)
+	// Each level counts in a counter of its own (limitedCounter), so a counter's
+	// label never changes; which levels are in force, and their limits, are read
+	// from the settings the kernel runs, whichever process wrote them.
+	set, _, err := f.objs.settingsMaps().active(nil)
 	if err != nil {
 		return st, err
 	}
-	for n := 0; n < numNodes; n++ {
-		limit := p.limit[n]
-		if limit == 0 && sum[counterLimitedNode0+n] == 0 {
+	limited := sum[counterLimited0:]
+	listed := map[uint32]bool{}
+	for _, step := range set.activeNodes() {
+		if step.Limited >= numLimited || listed[step.Limited] {
 			continue
 		}
+		listed[step.Limited] = true
 		st.Nodes = append(st.Nodes, NodeStats{
-			Node:    p.name[n].String(),
-			Limit:   limit.Float64(),
-			Limited: sum[counterLimitedNode0+n],
+			Node:    step.limiterNode(),
+			Limit:   Fixed(step.Limit).Float64(),
+			Limited: limited[step.Limited],
 		})
+	}
+	// Levels no longer in force keep their counts, with no limit.
+	for i := range uint32(numLimited) {
+		if !listed[i] && limited[i] != 0 {
+			st.Nodes = append(st.Nodes, NodeStats{Node: limitedNode(i), Limited: limited[i]})
+		}
 	}
 	return st, nil
 }
@@ -58,29 +72,63 @@ const (
 	counterExempt
 	counterReportOnly
 	counterError
-	counterLimitedNode0
+	counterLimited0 // the first of numLimited: see limitedCounter
 )
 
-// The cookie counters follow the nodes' (enum counter).
+// The cookie counters follow the limited ones (enum counter).
 const (
-	counterCookiePassed = counterLimitedNode0 + numNodes + iota
+	counterCookiePassed = counterLimited0 + numLimited + iota
 	counterCookieInvalid
 	counterMax
 )
 
+// numLimited is the number of limited counters: one for every IPv4 and IPv6 prefix
+// length, the port node and the total node (NUM_LIMITED in filter_bpf.c).
+const numLimited = 33 + 129 + 2
+
 // The counters struct generated from filter_bpf.c must have one slot per counter.
 var _ [counterMax]struct{} = [len(filterCounters{}.Value)]struct{}{}
 
-// nodeName names lattice node number node, whose prefix length is prefix, as a
-// LimiterNode does.
-func nodeName(node int, prefix uint8) string {
-	switch {
-	case node < nodeIPv6First:
-		return (nodeTagIPv4 | LimiterNode(prefix)).String()
-	case node < nodePort:
-		return (nodeTagIPv6 | LimiterNode(prefix)).String()
-	case node == nodePort:
-		return NodePort.String()
+// limitedCounter returns which limited counter (counterLimited0 + i) counts the
+// packets node limited: IPv4 prefix lengths first, then IPv6 ones, then the port
+// and total nodes.
+func limitedCounter(node LimiterNode) uint32 {
+	plen := uint32(node & 0xff)
+	switch node &^ 0xff {
+	case nodeTagIPv4:
+		return min(plen, 32)
+	case nodeTagIPv6:
+		return 33 + min(plen, 128)
+	case NodePort:
+		return 33 + 129
 	}
-	return NodeTotal.String()
+	return 33 + 129 + 1
+}
+
+// limitedNode is the node whose limited counter is i: the inverse of
+// limitedCounter.
+func limitedNode(i uint32) LimiterNode {
+	switch {
+	case i <= 32:
+		return nodeTagIPv4 | LimiterNode(i)
+	case i < 33+129:
+		return nodeTagIPv6 | LimiterNode(i-33)
+	case i == 33+129:
+		return NodePort
+	}
+	return NodeTotal
+}
+
+// limiterNode names the node a step judges: a level by its family and prefix
+// length, as the kernel's masks give it, or the port or total node.
+func (st *filterStep) limiterNode() LimiterNode {
+	switch node := int(st.Node); {
+	case node < nodeIPv6First:
+		return nodeTagIPv4 | LimiterNode(st.prefix())
+	case node < nodePort:
+		return nodeTagIPv6 | LimiterNode(st.prefix())
+	case node == nodePort:
+		return NodePort
+	}
+	return NodeTotal
 }

@@ -181,9 +181,13 @@ func (h *Handler) Stats() HandlerStats {
 }
 
 // ServeDNS implements dns.Handler.
-func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) { h.serve(w, req, h.limiter) }
+
+// serve is ServeDNS with the request limiter to apply to UDP queries (nil: none,
+// because the server's reader applied it already).
+func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
 	src, udp := remoteAddrPort(w.RemoteAddr())
-	if udp && h.limiter != nil && !h.limiter.Allow(src) {
+	if udp && limiter != nil && !limiter.Allow(src) {
 		h.limited.Add(1)
 		return
 	}
@@ -482,14 +486,25 @@ func hexString(b []byte) string {
 // instead of 7.9 µs, sender and kernel included, on 2 cores). Use one or the other,
 // and only where the kernel filter is not attached (Attach returned ModeClassic).
 // TCP queries pass untouched; l.Stats counts what was refused.
-func LimitReader(l *Limiter) dns.DecorateReader {
-	return func(r dns.Reader) dns.Reader { return &limitReader{Reader: r, l: l} }
+func LimitReader(l *Limiter) dns.DecorateReader { return limitReaderCounted(l, nil) }
+
+// limitReaderCounted is LimitReader counting refusals in h's RequestsLimited too.
+func limitReaderCounted(l *Limiter, h *Handler) dns.DecorateReader {
+	return func(r dns.Reader) dns.Reader { return &limitReader{Reader: r, l: l, h: h} }
 }
 
 // limitReader is the dns.Reader of LimitReader.
 type limitReader struct {
 	dns.Reader
 	l *Limiter
+	h *Handler // nil, or the Handler whose RequestsLimited counts refusals
+}
+
+// refused counts a query l refused.
+func (r *limitReader) refused() {
+	if r.h != nil {
+		r.h.limited.Add(1)
+	}
 }
 
 // ReadUDP returns the next query l allows.
@@ -500,6 +515,7 @@ func (r *limitReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte,
 			return b, s, err
 		}
 		if ua, ok := s.RemoteAddr().(*net.UDPAddr); ok && !r.l.Allow(ua.AddrPort()) {
+			r.refused()
 			continue
 		}
 		return b, s, nil
@@ -519,6 +535,7 @@ func (r *limitReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration)
 			return b, a, err
 		}
 		if src, udp := remoteAddrPort(a); udp && !r.l.Allow(src) {
+			r.refused()
 			continue
 		}
 		return b, a, nil

@@ -8,6 +8,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,6 +152,38 @@ func (n LimiterNode) String() string {
 		return "total"
 	}
 	return fmt.Sprintf("LimiterNode(%d)", uint16(n))
+}
+
+// MarshalText returns n.String(), so that JSON and text encodings name nodes as
+// "ipv4/24".
+func (n LimiterNode) MarshalText() ([]byte, error) {
+	return []byte(n.String()), nil
+}
+
+// UnmarshalText parses a node's String form.
+func (n *LimiterNode) UnmarshalText(b []byte) error {
+	s := string(b)
+	for _, fam := range []struct {
+		prefix string
+		tag    LimiterNode
+		max    int
+	}{{"ipv4/", nodeTagIPv4, 32}, {"ipv6/", nodeTagIPv6, 128}} {
+		if rest, ok := strings.CutPrefix(s, fam.prefix); ok {
+			plen, err := strconv.Atoi(rest)
+			if err != nil || plen < 0 || plen > fam.max || strconv.Itoa(plen) != rest {
+				return fmt.Errorf("rrl: limiter node %q: bad prefix length", s)
+			}
+			*n = fam.tag | LimiterNode(plen)
+			return nil
+		}
+	}
+	for _, c := range []LimiterNode{NodeNone, NodePort, NodeTotal} {
+		if s == c.String() {
+			*n = c
+			return nil
+		}
+	}
+	return fmt.Errorf("rrl: limiter node %q: not ipv4/N, ipv6/N, port, total or none", s)
 }
 
 // LimiterVerdict is the outcome of judging one packet.

@@ -45,6 +45,10 @@ func (o *testObjects) Close() {
 	}
 }
 
+func (o *testObjects) settingsMaps() settingsMaps {
+	return settingsMaps{o.Settings, o.Exempt4, o.Exempt6}
+}
+
 func loadTestObjects(t testing.TB) *testObjects {
 	t.Helper()
 	requireBPF(t)
@@ -167,7 +171,7 @@ func TestKernelReflectionPortsAllPorts(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg.reflectionPorts = tc.ports
-			if err := objs.Settings.Put(uint32(0), kernelSettings(cfg, 1)); err != nil {
+			if err := objs.settingsMaps().apply(cfg, 1, nil); err != nil {
 				t.Fatal(err)
 			}
 			listed := map[uint16]bool{}

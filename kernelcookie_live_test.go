@@ -7,10 +7,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/dnsrake/rrl/internal/loadgen"
 	"github.com/miekg/dns"
 )
 
@@ -426,4 +428,98 @@ func TestCollectorFilterCookies(t *testing.T) {
 		"dns_filter_cookie_passed_total":  3,
 		"dns_filter_cookie_invalid_total": 1,
 	})
+}
+
+// TestProtectResolverLearnsCookie: through Protect, a resolver inside a network under
+// a spoofed flood of 20 times the limit starts with only a client cookie, learns its
+// server cookie from the first answer and goes on with it: every later query is
+// answered during the flood, as the kernel filter (given the Handler's cookies by
+// Protect) judges it only at its own address's limit.
+func TestProtectResolverLearnsCookie(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
+	requireBPF(t)
+	const L = 200.0
+	cfg := NewConfig()
+	if err := cfg.SetValue("requests-per-second", fmt.Sprint(L)); err != nil {
+		t.Fatal(err)
+	}
+	p, addr := startProtected(t, cfg)
+	if st := p.Status(); !st.KernelCookies || !strings.Contains(st.String(), "server cookies verified in the kernel") {
+		t.Fatalf("status %v: want server cookies verified in the kernel", st)
+	}
+	resolver := netip.MustParseAddr("127.32.9.201")
+	udp := &dns.Client{Net: "udp", Timeout: 500 * time.Millisecond,
+		Dialer: &net.Dialer{LocalAddr: net.UDPAddrFromAddrPort(netip.AddrPortFrom(resolver, 0))}}
+	cookie := []byte("learnme!") // the client cookie; the full cookie once learned
+	ask := func() bool {
+		q := new(dns.Msg)
+		q.SetQuestion("www.example.test.", dns.TypeA)
+		SetCookie(q, cookie)
+		r, _, err := udp.Exchange(q, addr.String())
+		if err != nil || len(r.Answer) != 1 {
+			return false
+		}
+		if c, ok := CookieFromMsg(r); ok && len(c) == CookieLen {
+			cookie = c
+		}
+		return true
+	}
+	if !ask() || len(cookie) != CookieLen {
+		t.Fatalf("first answer: no server cookie learned (%x)", cookie)
+	}
+
+	raw := newRawSender(t, addr)
+	stop := make(chan struct{})
+	flooded := make(chan int)
+	go func() {
+		rng := rand.New(rand.NewPCG(31, 32))
+		q := dnsQuery(1, false)
+		n := 0
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		start := time.Now()
+		for {
+			select {
+			case <-stop:
+				flooded <- n
+				return
+			case <-tick.C:
+			}
+			for ; n < int(20*L*time.Since(start).Seconds()); n++ {
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 32, 9, byte(1 + rng.IntN(200))}), uint16(1024+rng.IntN(60000)))
+				raw.Send(loadgen.Packet(src, addr, q))
+			}
+		}
+	}()
+	time.Sleep(time.Second) // the flood is trimmed to the /24's limit by now
+	before, err := p.Filter().Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const queries = 40
+	answered := 0
+	for range queries {
+		if ask() {
+			answered++
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	close(stop)
+	sent := <-flooded
+	after, err := p.Filter().Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("flood: %d sent; resolver: %d/%d answered; filter: %+v", sent, answered, queries, after)
+	if answered != queries {
+		t.Errorf("resolver with a learned cookie: %d of %d answered during the flood", answered, queries)
+	}
+	if got := after.CookiePassed - before.CookiePassed; got < queries {
+		t.Errorf("%d queries passed on a cookie, want %d", got, queries)
+	}
+	if sumLimited(after) == 0 {
+		t.Error("the flood was not limited")
+	}
 }

@@ -91,7 +91,7 @@ func newCookieRig(t testing.TB, cfg *Config) *cookieRig {
 			t.Fatal(err)
 		}
 	}
-	if err := objs.Settings.Put(uint32(0), kernelSettings(cfg, 7)); err != nil {
+	if err := objs.settingsMaps().apply(cfg, 7, nil); err != nil {
 		t.Fatal(err)
 	}
 	r := &cookieRig{t: t, objs: objs, mono: 5e12}

@@ -239,8 +239,8 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 	counter(c.fNotDNS, float64(st.NotDNS))
 	var limited uint64
 	for _, n := range st.Nodes {
-		counter(c.fLimited, float64(n.Limited), n.Node)
-		gauge(c.fLimit, n.Limit, n.Node)
+		counter(c.fLimited, float64(n.Limited), n.Node.String())
+		gauge(c.fLimit, n.Limit, n.Node.String())
 		limited += n.Limited
 	}
 	counter(c.fDropped, float64(st.DroppedShort), "short")

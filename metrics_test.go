@@ -239,8 +239,8 @@ func TestCollectorFilter(t *testing.T) {
 	}
 	var limited uint64
 	for _, n := range st.Nodes {
-		want[`dns_filter_limited_total{node="`+n.Node+`"}`] = float64(n.Limited)
-		want[`dns_filter_limit_packets_per_second{node="`+n.Node+`"}`] = n.Limit
+		want[`dns_filter_limited_total{node="`+n.Node.String()+`"}`] = float64(n.Limited)
+		want[`dns_filter_limit_packets_per_second{node="`+n.Node.String()+`"}`] = n.Limit
 		limited += n.Limited
 	}
 	want[`dns_filter_dropped_total{reason="limited"}`] = float64(limited)

@@ -14,7 +14,8 @@ package rrl
 //	rrl_settings  live settings (limits, seed, version) 0660
 //	rrl_exempt4   exempt-clients, IPv4                  0660
 //	rrl_exempt6   exempt-clients, IPv6                  0660
-//	rrl_config    the Config as keyword=value text      0660
+//	rrl_config    the Config as keyword=value text, one  0660
+//	              entry per settings slot
 //	rrl_counters  per-CPU counters                      0440
 //	rrl_cells     the sketches                          0440
 //	rrl_cookie_secrets  server cookie secrets (UseCookies) 0220
@@ -29,9 +30,11 @@ package rrl
 // creates is mode 0711 and stays owned by its creator: anyone may traverse it, nobody
 // but root may list it or remove pins from it.
 //
-// rrl_config is not part of filter_bpf.c: it is an array map created from Go with one
-// value (a small header and the Config's keyword=value lines), so that every process
-// that opens the pins, and `rrlctl set`, knows the Config the filter runs with.
+// rrl_config is not part of filter_bpf.c: it is an array map created from Go with two
+// values (a small header and the Config's keyword=value lines), one for each slot of
+// the double-buffered settings (settings.go), so that every process that opens the
+// pins, and `rrlctl set`, reads the Config of the slot in force: the one the filter
+// runs with.
 
 import (
 	"bytes"
@@ -97,7 +100,7 @@ func configMapSpec() *ebpf.MapSpec {
 		Type:       ebpf.Array,
 		KeySize:    4,
 		ValueSize:  configValueSize,
-		MaxEntries: 1,
+		MaxEntries: 2, // one per settings slot
 	}
 }
 
@@ -252,7 +255,8 @@ func Unpin(pinDir string) error {
 	}
 	var flags uint32
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, pinConfig), &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
-		if hdr, _, err := readConfigMap(m); err == nil {
+		// The flags are the same in both slots; LoadPinned writes slot 0.
+		if hdr, _, err := readConfigMap(m, 0); err == nil {
 			flags = hdr
 		}
 		m.Close()
@@ -295,9 +299,12 @@ func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	err = f.attachEBPF(conn)
-	f.mu.Unlock()
+	id, err := identify(conn)
+	if err == nil {
+		f.mu.Lock()
+		err = f.attachEBPF(conn, id)
+		f.mu.Unlock()
+	}
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -374,38 +381,54 @@ func OpenPinned(pinDir string) (*Filter, error) {
 	if objs.Program.Type() != ebpf.SocketFilter {
 		return fail(fmt.Errorf("rrl: %s: %w: program type %s", path, ErrLayoutMismatch, objs.Program.Type()))
 	}
-	var s filterSettings
-	if err := objs.Settings.Lookup(uint32(0), &s); err != nil {
-		return fail(fmt.Errorf("rrl: read %s: %w", filepath.Join(pinDir, pinSettings), err))
-	}
-	if s.LayoutVersion != layoutVersion {
-		return fail(fmt.Errorf("rrl: %s: %w: layout version %d, this library has %d", filepath.Join(pinDir, pinSettings), ErrLayoutMismatch, s.LayoutVersion, layoutVersion))
-	}
-	flags, text, err := readConfigMap(ps.config)
+	h, err := objs.settingsMaps().header()
 	if err != nil {
-		return fail(fmt.Errorf("rrl: %s: %w", filepath.Join(pinDir, pinConfig), err))
+		return fail(fmt.Errorf("rrl: %s: %w", filepath.Join(pinDir, pinSettings), err))
 	}
-	ps.flags = flags
-	cfg, err := parseConfigText(text)
+	if h.LayoutVersion != layoutVersion {
+		return fail(fmt.Errorf("rrl: %s: %w: layout version %d, this library has %d", filepath.Join(pinDir, pinSettings), ErrLayoutMismatch, h.LayoutVersion, layoutVersion))
+	}
+	s, cfg, err := ps.readConfig(objs)
 	if err != nil {
-		return fail(fmt.Errorf("rrl: %s: %w", filepath.Join(pinDir, pinConfig), err))
+		return fail(err)
 	}
 	return &Filter{mode: ModeEBPF, cfg: cfg, seed: s.Seed, objs: objs, pin: ps}, nil
 }
 
+// readConfig reads the settings slot in force and the Config stored with it, and
+// sets p.flags.
+func (p *pinState) readConfig(objs *kernelObjects) (*filterSettings, *Config, error) {
+	var flags uint32
+	var text string
+	s, _, err := objs.settingsMaps().active(func(slot uint8) (err error) {
+		flags, text, err = readConfigMap(p.config, slot)
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("rrl: %s: %w", filepath.Join(p.dir, pinConfig), err)
+	}
+	cfg, err := parseConfigText(text)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rrl: %s: %w", filepath.Join(p.dir, pinConfig), err)
+	}
+	p.flags = flags
+	return s, cfg, nil
+}
+
 // Config returns a copy of the Config the filter runs with. For a pinned filter it is
-// read from the pins, so it includes changes other processes made (rrlctl set), and
-// this Filter's Stats then reports the limits in force.
+// read from the pins, stored next to the settings the kernel runs, so it includes
+// changes other processes made (rrlctl set).
 func (f *Filter) Config() *Config {
+	if f == nil {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.pin != nil && f.pin.config != nil {
-		if _, text, err := readConfigMap(f.pin.config); err == nil {
-			if cfg, err := parseConfigText(text); err == nil {
-				// Keep the clock the caller may have given the Config it passed.
-				cfg.nowFunc = f.cfg.nowFunc
-				f.cfg = cfg
-			}
+	if f.pin != nil && f.pin.config != nil && f.objs != nil {
+		if _, cfg, err := f.pin.readConfig(f.objs); err == nil {
+			// Keep the clock the caller may have given the Config it passed.
+			cfg.nowFunc = f.cfg.nowFunc
+			f.cfg = cfg
 		}
 	}
 	return f.cfg.clone()
@@ -413,7 +436,7 @@ func (f *Filter) Config() *Config {
 
 // PinDir returns the pin directory a filter was opened from ("" when it was not).
 func (f *Filter) PinDir() string {
-	if f.pin == nil {
+	if f == nil || f.pin == nil {
 		return ""
 	}
 	return f.pin.dir
@@ -427,27 +450,33 @@ func (p *pinState) checkWritable() error {
 	return fmt.Errorf("rrl: update pinned filter: %w: %s is read-only for uid %d", ErrNotPermitted, p.readOnly, os.Geteuid())
 }
 
-// saveConfig stores cfg in the config map.
-func (p *pinState) saveConfig(cfg *Config) error {
+// configValue returns the config map's value for cfg and flags.
+func configValue(cfg *Config, flags uint32) ([]byte, error) {
 	text := []byte(configText(cfg))
 	if len(text) > configValueSize-configHeader {
-		return fmt.Errorf("rrl: config of %d bytes does not fit the %d bytes of %s", len(text), configValueSize-configHeader, pinConfig)
+		return nil, fmt.Errorf("rrl: config of %d bytes does not fit the %d bytes of %s", len(text), configValueSize-configHeader, pinConfig)
 	}
 	v := make([]byte, configValueSize)
 	binary.LittleEndian.PutUint32(v[0:], configMagic)
-	binary.LittleEndian.PutUint32(v[4:], p.flags)
+	binary.LittleEndian.PutUint32(v[4:], flags)
 	binary.LittleEndian.PutUint32(v[8:], uint32(len(text)))
 	copy(v[configHeader:], text)
-	if err := p.config.Put(uint32(0), v); err != nil {
+	return v, nil
+}
+
+// saveConfig stores a configValue in the config map's entry for settings slot.
+func (p *pinState) saveConfig(slot uint8, v []byte) error {
+	if err := p.config.Put(uint32(slot), v); err != nil {
 		return fmt.Errorf("rrl: write %s: %w", filepath.Join(p.dir, pinConfig), err)
 	}
 	return nil
 }
 
-// readConfigMap returns the flags and Config text stored in a config map.
-func readConfigMap(m *ebpf.Map) (flags uint32, text string, err error) {
+// readConfigMap returns the flags and Config text stored in a config map for
+// settings slot.
+func readConfigMap(m *ebpf.Map, slot uint8) (flags uint32, text string, err error) {
 	v := make([]byte, configValueSize)
-	if err := m.Lookup(uint32(0), &v); err != nil {
+	if err := m.Lookup(uint32(slot), &v); err != nil {
 		return 0, "", err
 	}
 	n := binary.LittleEndian.Uint32(v[8:])
@@ -562,6 +591,9 @@ func parseKernelRelease(rel string) (major, minor int, ok bool) {
 // row, heaviest first within each level; levels in lattice order. The heaviest group
 // of a level sends at most the smaller of its two rows' heaviest rates.
 func (f *Filter) HeavyCells(n int) ([]SketchCell, error) {
+	if f == nil {
+		return nil, ErrClosed
+	}
 	s, cells, now, err := f.readSketches()
 	if err != nil {
 		return nil, err
@@ -585,7 +617,7 @@ func (f *Filter) HeavyCells(n int) ([]SketchCell, error) {
 		}
 		slices.SortStableFunc(level, func(a, b SketchCell) int { return cmpRate(a.Rate, b.Rate) })
 		for i := range level {
-			level[i].Node = nodeName(node, st.prefix())
+			level[i].Node = st.limiterNode()
 			level[i].Limit = Fixed(st.Limit).Float64()
 		}
 		out = append(out, level...)
@@ -608,6 +640,9 @@ func cmpRate(a, b float64) int {
 // at the active levels of its family, then the port and total levels: the same
 // numbers the filter compares with the limits for src's next packet.
 func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
+	if f == nil {
+		return nil, ErrClosed
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, now, err := f.readSettings()
@@ -644,13 +679,13 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
 		switch node := int(st.Node); node {
 		case nodePort:
 			if src.Port() != 0 {
-				out = append(out, GroupRate{Node: "port", Group: any4, Port: src.Port(),
+				out = append(out, GroupRate{Node: NodePort, Group: any4, Port: src.Port(),
 					Rate: estimate(&st, src.Port()), Limit: limit})
 			}
 		case nodeTotal:
-			out = append(out, GroupRate{Node: "total", Group: any4, Rate: estimate(&st, 0), Limit: limit})
+			out = append(out, GroupRate{Node: NodeTotal, Group: any4, Rate: estimate(&st, 0), Limit: limit})
 		default:
-			out = append(out, GroupRate{Node: nodeName(node, st.prefix()),
+			out = append(out, GroupRate{Node: st.limiterNode(),
 				Group: netip.PrefixFrom(addr, int(st.prefix())).Masked(),
 				Rate:  estimate(&st, 0), Limit: limit})
 		}
@@ -691,19 +726,19 @@ func (f *Filter) readSketches() (*filterSettings, []filterCell, uint64, error) {
 	return s, cells, now, nil
 }
 
-// readSettings reads the settings map and the clock the cells' times are on:
-// CLOCK_MONOTONIC, which the program reads at tick resolution. f.mu must be held.
+// readSettings reads the settings slot in force and the clock the cells' times are
+// on: CLOCK_MONOTONIC, which the program reads at tick resolution. f.mu must be held.
 func (f *Filter) readSettings() (*filterSettings, uint64, error) {
 	if f.mode != ModeEBPF {
 		return nil, 0, fmt.Errorf("rrl: read sketches: %w", ErrClosed)
 	}
-	var s filterSettings
-	if err := f.objs.Settings.Lookup(uint32(0), &s); err != nil {
-		return nil, 0, fmt.Errorf("rrl: read settings: %w", err)
+	s, _, err := f.objs.settingsMaps().active(nil)
+	if err != nil {
+		return nil, 0, err
 	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return nil, 0, fmt.Errorf("rrl: clock: %w", err)
 	}
-	return &s, uint64(ts.Nano()), nil
+	return s, uint64(ts.Nano()), nil
 }

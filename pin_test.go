@@ -392,7 +392,7 @@ func TestPinnedUnprivilegedAttach(t *testing.T) {
 	}
 	var limited24 uint64
 	for _, n := range st.Nodes {
-		if n.Node == "ipv4/24" {
+		if n.Node.String() == "ipv4/24" {
 			limited24 = n.Limited
 		}
 	}
@@ -627,11 +627,13 @@ func TestPinnedUpdateShared(t *testing.T) {
 	if err != nil || len(st.Nodes) == 0 || st.Nodes[0].Limit != 900 {
 		t.Errorf("b's stats after the Update: %+v, %v; want limits of 900", st, err)
 	}
-	var s filterSettings
-	if err := b.objs.Settings.Lookup(uint32(0), &s); err != nil {
+	s, _, err := b.objs.settingsMaps().active(nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(&s, kernelSettings(cfg, a.seed)) {
+	want := kernelSettings(cfg, a.seed)
+	want.Slot = s.Slot
+	if !reflect.DeepEqual(s, want) {
 		t.Errorf("settings map differs from the updated Config")
 	}
 	if err := Unpin(dir); err != nil {
@@ -855,19 +857,19 @@ func TestPinnedSketchReadBack(t *testing.T) {
 		t.Fatalf("groups %+v, want the levels %v", groups, want)
 	}
 	for _, g := range groups {
-		w, ok := want[g.Node]
+		w, ok := want[g.Node.String()]
 		if !ok || g.Group.String() != w.group || !within(g.Rate, w.rate, 0.20) {
 			t.Errorf("%s: group %s at %.0f pps, want %s at %.0f ±20%%", g.Node, g.Group, g.Rate, w.group, w.rate)
 		}
 	}
 	for _, g := range other {
-		if g.Node != "port" && g.Rate > rate/40/4 {
+		if g.Node != NodePort && g.Rate > rate/40/4 {
 			t.Errorf("uninvolved %s group %s estimated at %.0f pps", g.Node, g.Group, g.Rate)
 		}
 	}
 	var top24 []SketchCell
 	for _, c := range cells {
-		if c.Node == "ipv4/24" {
+		if c.Node.String() == "ipv4/24" {
 			top24 = append(top24, c)
 		}
 	}

@@ -10,9 +10,13 @@
 //	rrlctl set    -pin DIR KEYWORD VALUE [KEYWORD VALUE ...]
 //	rrlctl config -pin DIR [-json]
 //	rrlctl top    -pin DIR [-n 20] [-probe ADDR[:PORT],...] [-json]
+//	rrlctl attach -pid PID -listen ADDR:PORT [-pin DIR] [-KEYWORD VALUE ...]
+//	rrlctl detach -pid PID -listen ADDR:PORT [-pin DIR] [-unpin]
 //
-// load and unload need root (CAP_BPF, CAP_CHOWN); the others need access to the pins
-// (the user and group given to load have it). Exit status: 0 success, 1 failure,
+// load and unload need root (CAP_BPF, CAP_CHOWN); attach and detach, which protect a
+// running server that never calls rrl.Attach (named, Knot, Unbound...), need root or
+// CAP_SYS_PTRACE over it as well; the others need access to the pins (the user and
+// group given to load have it). Exit status: 0 success, 1 failure,
 // 2 bad usage. `rrlctl COMMAND -h` describes each command.
 package main
 
@@ -43,6 +47,8 @@ const (
 // command is one subcommand.
 type command struct {
 	name, args, summary, help string
+	// pinOptional: -pin has a default the command works out itself.
+	pinOptional bool
 	// run parses args with fs (already holding -pin) and acts; it returns an error
 	// of type usageError for bad usage.
 	run func(c *cli, fs *flag.FlagSet, args []string) error
@@ -52,6 +58,7 @@ type command struct {
 type cli struct {
 	stdout, stderr io.Writer
 	pin            string
+	pinOptional    bool
 }
 
 // usageError is bad usage: exit status 2 and a pointer to -h.
@@ -61,13 +68,14 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
-var commands = []*command{loadCommand, unloadCommand, statsCommand, setCommand, configCommand, topCommand}
+var commands = []*command{loadCommand, unloadCommand, statsCommand, setCommand, configCommand, topCommand, attachCommand, detachCommand}
 
 const overview = `rrlctl manages the rrl kernel filter pinned in a bpffs directory.
 
 A privileged step ("rrlctl load") loads the filter once and pins it; DNS servers
 running as the given user attach it to their sockets without privileges
-(rrl.AttachPinned, Linux 5.19 or later) and share one set of limits.
+(rrl.AttachPinned, Linux 5.19 or later) and share one set of limits. A server
+that never attaches it (named, Knot, Unbound...) gets it from "rrlctl attach".
 
 Usage: rrlctl COMMAND -pin DIR [flags] [args]
 
@@ -128,9 +136,16 @@ func printOverview(w io.Writer) {
 func newFlagSet(c *command, cl *cli, w io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("rrlctl "+c.name, flag.ContinueOnError)
 	fs.SetOutput(w)
-	fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs, e.g. /sys/fs/bpf/rrl (required)")
+	cl.pinOptional = c.pinOptional
+	usage := "rrlctl " + c.name + " -pin DIR " + c.args
+	if c.pinOptional {
+		fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs (default /sys/fs/bpf/rrl-ADDR-PORT, IPv6 colons as _)")
+		usage = "rrlctl " + c.name + " " + c.args
+	} else {
+		fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs, e.g. /sys/fs/bpf/rrl (required)")
+	}
 	fs.Usage = func() {
-		fmt.Fprintf(w, "Usage: rrlctl %s -pin DIR %s\n\n%s\n\nFlags:\n", c.name, c.args, strings.TrimSpace(c.help))
+		fmt.Fprintf(w, "Usage: %s\n\n%s\n\nFlags:\n", usage, strings.TrimSpace(c.help))
 		fs.PrintDefaults()
 	}
 	return fs
@@ -145,7 +160,7 @@ func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		// The flag package has printed the problem and the usage.
 		return nil, usageError{err.Error()}
 	}
-	if c.pin == "" {
+	if c.pin == "" && !c.pinOptional {
 		return nil, usagef("-pin DIR is required")
 	}
 	return fs.Args(), nil
@@ -176,29 +191,15 @@ Needs root (CAP_BPF and CAP_CHOWN).`,
 	run: func(c *cli, fs *flag.FlagSet, args []string) error {
 		userName := fs.String("user", "", "the `user` (name or uid) whose servers attach the filter")
 		groupName := fs.String("group", "", "the `group` (name or gid) whose members may attach the filter")
-		cfg := rrl.NewConfig()
-		var cfgErr error
-		for _, kw := range rrl.ConfigKeywords() {
-			set := func(v string) error {
-				if err := cfg.SetValue(kw, v); err != nil && cfgErr == nil {
-					cfgErr = err
-				}
-				return nil
-			}
-			if kw == "report-only" {
-				fs.BoolFunc(kw, "count but never drop (rrl keyword report-only)", set)
-				continue
-			}
-			fs.Func(kw, "rrl keyword "+kw+" (see rrl.Config)", set)
-		}
+		kw := keywordFlags(fs)
 		if err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
-		if cfgErr != nil {
-			return usageError{cfgErr.Error()}
+		cfg, err := kw.config(rrl.NewConfig())
+		if err != nil {
+			return err
 		}
 		uid, gid := -1, -1
-		var err error
 		if *userName != "" {
 			if uid, err = lookupID(*userName, user.Lookup, func(u *user.User) string { return u.Uid }); err != nil {
 				return usagef("-user %s: %v", *userName, err)
@@ -215,6 +216,36 @@ Needs root (CAP_BPF and CAP_CHOWN).`,
 		fmt.Fprintf(c.stdout, "loaded the filter into %s (uid %d, gid %d; -1: root)\n", c.pin, uid, gid)
 		return nil
 	},
+}
+
+// keywords are the rrl configuration keywords given as flags, in order.
+type keywords [][2]string
+
+// keywordFlags defines a flag for every rrl configuration keyword on fs.
+func keywordFlags(fs *flag.FlagSet) *keywords {
+	kws := &keywords{}
+	for _, kw := range rrl.ConfigKeywords() {
+		set := func(v string) error {
+			*kws = append(*kws, [2]string{kw, v})
+			return nil
+		}
+		if kw == "report-only" {
+			fs.BoolFunc(kw, "count but never drop (rrl keyword report-only)", set)
+			continue
+		}
+		fs.Func(kw, "rrl keyword "+kw+" (see rrl.Config)", set)
+	}
+	return kws
+}
+
+// config applies the keywords to cfg; a bad value is a usage error.
+func (k *keywords) config(cfg *rrl.Config) (*rrl.Config, error) {
+	for _, kv := range *k {
+		if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+			return nil, usageError{err.Error()}
+		}
+	}
+	return cfg, nil
 }
 
 // lookupID resolves a user or group name, or takes a number as it is.

@@ -168,7 +168,7 @@ func TestLifecycle(t *testing.T) {
 	var levelsLimited, limited32 uint64
 	for _, l := range js.Levels {
 		levelsLimited += l.Limited
-		if l.Node == "ipv4/32" && l.Limit == 500 {
+		if l.Node.String() == "ipv4/32" && l.Limit == 500 {
 			limited32 = l.Limited
 		}
 	}
@@ -240,7 +240,7 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("Values starts with %v", got[0])
 	}
 	for _, l := range statsOf(t, pin).Levels {
-		if l.Node == "ipv4/32" && l.Limit != 750 {
+		if l.Node.String() == "ipv4/32" && l.Limit != 750 {
 			t.Errorf("ipv4/32 limit %v after set, want 750", l.Limit)
 		}
 	}
@@ -255,23 +255,23 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("top: %+v", top)
 	}
 	for _, g := range top.Probes[0].Groups {
-		if g.Node == "ipv4/32" && (g.Group.String() != "127.7.7.7/32" || g.Rate < 100) {
+		if g.Node.String() == "ipv4/32" && (g.Group.String() != "127.7.7.7/32" || g.Rate < 100) {
 			t.Errorf("probe of the burst's source: %+v", g)
 		}
 	}
 	for _, g := range top.Probes[1].Groups {
-		if g.Node == "ipv4/32" && g.Rate != 0 {
+		if g.Node.String() == "ipv4/32" && g.Rate != 0 {
 			t.Errorf("probe of a silent source: %+v", g)
 		}
 	}
 	for _, l := range top.Levels {
-		if l.Node == "ipv4/32" && (l.Heaviest < 100 || l.Busy < 2) {
+		if l.Node.String() == "ipv4/32" && (l.Heaviest < 100 || l.Busy < 2) {
 			t.Errorf("ipv4/32 summary: %+v", l)
 		}
 	}
 	perRow := map[string]int{}
 	for _, cell := range top.Cells {
-		perRow[cell.Node+string(rune('0'+cell.Row))]++
+		perRow[cell.Node.String()+string(rune('0'+cell.Row))]++
 	}
 	for k, v := range perRow {
 		if v != 1 {

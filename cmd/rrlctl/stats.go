@@ -133,7 +133,7 @@ func rate(cur, prev uint64, dt float64) float64 {
 }
 
 // levelLimited returns the limited count of the level named node in s.
-func levelLimited(s rrl.FilterStats, node string) uint64 {
+func levelLimited(s rrl.FilterStats, node rrl.LimiterNode) uint64 {
 	for _, l := range s.Nodes {
 		if l.Node == node {
 			return l.Limited
@@ -206,10 +206,10 @@ type statsJSON struct {
 }
 
 type levelJSON struct {
-	Node             string   `json:"node"`
-	Limit            float64  `json:"limit"`
-	Limited          uint64   `json:"limited"`
-	LimitedPerSecond *float64 `json:"limited_per_second,omitempty"`
+	Node             rrl.LimiterNode `json:"node"`
+	Limit            float64         `json:"limit"`
+	Limited          uint64          `json:"limited"`
+	LimitedPerSecond *float64        `json:"limited_per_second,omitempty"`
 }
 
 func statsReport(pin string, at time.Time, st rrl.FilterStats, prev *rrl.FilterStats, dt float64) statsJSON {

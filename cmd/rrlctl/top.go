@@ -91,8 +91,8 @@ type topReport struct {
 
 // levelTop summarizes one level's sketch.
 type levelTop struct {
-	Node  string  `json:"node"`
-	Limit float64 `json:"limit"`
+	Node  rrl.LimiterNode `json:"node"`
+	Limit float64         `json:"limit"`
 	// Heaviest bounds the heaviest group: the smaller of the rows' heaviest cells.
 	Heaviest float64 `json:"heaviest"`
 	// OverLimit counts the cells above the limit, per row.
@@ -109,7 +109,7 @@ type probeJSON struct {
 // HeavyCells returns them) into one line per level.
 func summarize(cells []rrl.SketchCell) []levelTop {
 	var out []levelTop
-	index := map[string]int{}
+	index := map[rrl.LimiterNode]int{}
 	var rowMax [][2]float64
 	for _, c := range cells {
 		i, ok := index[c.Node]
@@ -155,9 +155,9 @@ func printTop(c *cli, rep topReport) {
 		for _, g := range p.Groups {
 			group := g.Group.String()
 			switch g.Node {
-			case "port":
+			case rrl.NodePort:
 				group = fmt.Sprintf("source port %d", g.Port)
-			case "total":
+			case rrl.NodeTotal:
 				group = "all sources"
 			}
 			fmt.Fprintf(w, "  %-10s %-26s %12.1f %12.6g\n", g.Node, group, g.Rate, g.Limit)

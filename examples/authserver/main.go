@@ -23,7 +23,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,6 +31,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -57,6 +57,7 @@ type options struct {
 	metrics     string
 	tcpConns    int
 	settings    [][2]string // keyword, value: the rrl flags given, in order
+	noFilter    bool
 	demo        bool
 	demoDur     time.Duration
 	demoRate    float64
@@ -73,6 +74,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.origin, "origin", "", "origin of -zone for relative names, when the file has no $ORIGIN")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at http://`address`/metrics")
 	fs.IntVar(&o.tcpConns, "tcp-conns-per-client", rrl.DefaultTCPConnsPerClient, "concurrent TCP connections per IPv4 address or IPv6 /64")
+	fs.BoolFunc("kernel-filter", "attach the kernel filter to the UDP socket (default true; false: the Go request limiter only, e.g. under rrlctl attach)", func(v string) error {
+		on, err := strconv.ParseBool(v)
+		o.noFilter = !on
+		return err
+	})
 	fs.BoolVar(&o.demo, "demo", false, "serve on loopback and send itself legitimate traffic and a spoofed flood, then print a report")
 	fs.DurationVar(&o.demoDur, "demo-duration", 10*time.Second, "how long the -demo traffic runs")
 	fs.Float64Var(&o.demoRate, "demo-flood-rate", 10000, "flood packets per second in -demo")
@@ -141,7 +147,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
 	}
-	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo})
+	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo, noFilter: o.noFilter})
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
@@ -189,65 +195,56 @@ type serverConfig struct {
 	metrics  string    // "" for none
 	log      io.Writer // the start-up lines
 	observe  bool      // count what reaches clients, for the demo
+	noFilter bool      // no kernel filter: the Go request limiter only
 }
 
 // server is a running authserver.
 type server struct {
-	addr     string // host:port of both transports
-	rrl      *rrl.RRL
-	filter   *rrl.Filter
-	limiter  *rrl.Limiter // nil with the eBPF filter
-	handler  *rrl.Handler
-	tcp      *rrl.TCPLimiter
-	observer *observer // nil unless observing
+	addr       string // host:port of both transports
+	protection *rrl.Protection
+	rrl        *rrl.RRL
+	filter     *rrl.Filter
+	limiter    *rrl.Limiter // nil with the eBPF filter
+	handler    *rrl.Handler
+	tcp        *rrl.TCPLimiter
+	observer   *observer // nil unless observing
 
 	udpSrv, tcpSrv *dns.Server
 	httpSrv        *http.Server
 	errc           chan error
 }
 
-// startServer opens the sockets, attaches the filter and starts serving; it returns
-// once both transports are ready.
+// startServer opens the sockets, protects them and starts serving; it returns once
+// both transports are ready.
 func startServer(c serverConfig) (*server, error) {
 	udp, ln, err := listenBoth(c.listen)
 	if err != nil {
 		return nil, err
 	}
 	s := &server{addr: udp.LocalAddr().String(), errc: make(chan error, 3)}
-	s.rrl, err = rrl.New(c.cfg)
-	if err == nil {
-		err = s.attach(udp, c)
-	}
-	if err != nil {
-		udp.Close()
-		ln.Close()
-		return nil, err
-	}
-
-	var secret rrl.CookieSecret
-	rand.Read(secret[:]) // never fails (crypto/rand panics instead)
-	// UDP queries pass the request limiter (kernel filter or LimitReader) before
-	// the Handler sees them: it must not apply requests-per-second again.
-	opts := []rrl.HandlerOption{rrl.WithCookies(rrl.NewCookies(secret)), rrl.WithRequestsLimited()}
 	var zone dns.Handler = c.zone
 	if c.observe {
 		s.observer = new(observer)
 		zone = s.observer.inner(zone)
 	}
-	s.handler = rrl.NewHandler(zone, s.rrl, opts...)
-	var h dns.Handler = s.handler
+	opts := []rrl.ProtectOption{rrl.ProtectTCPConnsPerClient(c.tcpConns)}
+	if c.noFilter {
+		opts = append(opts, rrl.ProtectWithoutFilter())
+	}
+	p, err := rrl.Protect(udp, zone, c.cfg, opts...)
+	if err != nil {
+		udp.Close()
+		ln.Close()
+		return nil, err
+	}
+	fmt.Fprintf(c.log, "rrl: %v\n", p.Status())
+	s.protection, s.rrl, s.filter, s.limiter, s.handler = p, p.RRL(), p.Filter(), p.Limiter(), p.Handler()
+	s.udpSrv, s.tcpSrv = p.UDPServer(), p.TCPServer(ln)
+	s.tcp = p.TCPLimiters()[0]
 	if c.observe {
 		s.observer.next = s.handler
-		h = s.observer
+		s.udpSrv.Handler, s.tcpSrv.Handler = s.observer, s.observer
 	}
-	s.tcp = rrl.LimitListener(ln, c.tcpConns)
-	s.udpSrv = &dns.Server{PacketConn: udp, Handler: h}
-	if s.limiter != nil {
-		// Without the kernel filter, the Go request limiter drops a flood's
-		// excess as soon as it is read, before it is unpacked.
-		s.udpSrv.DecorateReader = rrl.LimitReader(s.limiter)
-	}
-	s.tcpSrv = &dns.Server{Listener: s.tcp, Handler: h, ReadTimeout: 5 * time.Second}
 	for _, srv := range []*dns.Server{s.udpSrv, s.tcpSrv} {
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }
@@ -289,25 +286,6 @@ func listenBoth(addr string) (*net.UDPConn, net.Listener, error) {
 			return nil, nil, err
 		}
 	}
-}
-
-// attach puts the kernel filter on udp and says in one line which protection
-// is in force.
-func (s *server) attach(udp *net.UDPConn, c serverConfig) error {
-	f, err := rrl.Attach(udp, c.cfg)
-	switch {
-	case err == nil:
-		s.filter = f
-		fmt.Fprintf(c.log, "rrl: kernel filter: %s (eBPF request limiter on the UDP socket)\n", f.Mode())
-		return nil
-	case f != nil: // ErrNotPermitted: the classic prefilter is attached
-		s.filter = f
-		fmt.Fprintf(c.log, "rrl: kernel filter unavailable (%v): classic prefilter + Go request limiter\n", err)
-	default:
-		fmt.Fprintf(c.log, "rrl: kernel filter unavailable (%v): Go request limiter only\n", err)
-	}
-	s.limiter, err = rrl.NewLimiter(c.cfg)
-	return err
 }
 
 // serveMetrics serves the Prometheus endpoint on addr.
@@ -353,12 +331,10 @@ func (s *server) shutdown(ctx context.Context) error {
 	if s.httpSrv != nil {
 		errs = append(errs, s.httpSrv.Shutdown(ctx))
 	}
-	if s.filter != nil {
-		// The servers closed the UDP socket, and the filter with it: what is
-		// left to close are the filter's programs and maps.
-		if err := s.filter.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, err)
-		}
+	if s.protection != nil {
+		// The servers closed the UDP socket: what is left to close are the
+		// filter's programs and maps.
+		errs = append(errs, s.protection.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -44,7 +44,7 @@ func startTest(t *testing.T, cfg *rrl.Config, metrics string) (*server, string) 
 	return s, log.String()
 }
 
-var startLine = regexp.MustCompile(`(?m)^rrl: kernel filter: ebpf \(.*\)$|^rrl: kernel filter unavailable \(.*\): classic prefilter \+ Go request limiter$`)
+var startLine = regexp.MustCompile(`(?m)^rrl: kernel filter: ebpf; request limits in the kernel$|^rrl: kernel filter: (classic|none); request limits in Go; eBPF filter not in force: .+$`)
 
 func TestServeZone(t *testing.T) {
 	s, log := startTest(t, nil, "")
@@ -251,6 +251,12 @@ func TestFlags(t *testing.T) {
 			t.Errorf("setting %d: %v, want %v", i, o.settings[i], want[i])
 		}
 	}
+	if o.noFilter {
+		t.Error("the kernel filter is off by default")
+	}
+	if o, err = parseFlags([]string{"-kernel-filter=false"}, io.Discard); err != nil || !o.noFilter {
+		t.Errorf("-kernel-filter=false: %+v, %v", o, err)
+	}
 	// Every keyword is a flag; bad values and unknown flags are usage errors.
 	var help bytes.Buffer
 	parseFlags([]string{"-h"}, &help)
@@ -394,7 +400,7 @@ func TestDemoUnprivileged(t *testing.T) {
 	if err != nil {
 		t.Fatalf("unprivileged TestDemo: %v\n%s", err, out)
 	}
-	for _, want := range []string{"classic prefilter + Go request limiter", "dropped by the Go request limiter", "from bound sockets", "--- PASS: TestDemo"} {
+	for _, want := range []string{"kernel filter: classic; request limits in Go", "dropped by the Go request limiter", "from bound sockets", "--- PASS: TestDemo"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("unprivileged run lacks %q:\n%s", want, out)
 		}

@@ -1,0 +1,45 @@
+//go:build linux
+
+package rrl
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/dnsrake/rrl/internal/procsock"
+)
+
+// AttachLocal attaches one Filter, configured by cfg, to every UDP socket of this
+// process bound to local; an unspecified address (0.0.0.0 or ::) in local matches
+// sockets bound to any address on that port, and port 0 is an error.
+//
+// It is for servers whose sockets a framework opens: it finds them by matching the
+// socket inodes of this process's descriptors (/proc/self/fd) against the UDP
+// sockets of its network namespace and their local addresses (/proc/self/net/udp and
+// udp6), so both families match, as do the sockets of a SO_REUSEPORT group (which
+// then hold one limit together), an AF_INET6 dual-stack socket for an unspecified
+// local address of either family, and an IPv4-mapped bind for its IPv4 address. TCP
+// sockets never match. When none matches, nothing is attached and the error says what
+// the process has on that port.
+//
+// Errors and the classic fallback are those of Attach. Close detaches the filter and
+// leaves the sockets open; a socket the process closed or replaced in the meantime is
+// left alone. Sockets opened after the call are not protected: call again.
+func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) {
+	socks, err := procsock.UDP(0, local)
+	if err != nil {
+		return nil, fmt.Errorf("rrl: attach to %s: %w", local, err)
+	}
+	f, err := Attach(procsock.Borrow(socks[0]), cfg)
+	if f == nil {
+		return nil, err
+	}
+	// err may report a fallback to the classic filter: the other sockets get the same.
+	for _, s := range socks[1:] {
+		if aerr := f.Attach(procsock.Borrow(s)); aerr != nil {
+			f.Close()
+			return nil, fmt.Errorf("rrl: attach to %s (descriptor %d): %w", s.Local, s.FD, aerr)
+		}
+	}
+	return f, err
+}
