@@ -25,6 +25,7 @@ package rrl
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -92,7 +93,6 @@ type kernelCookies struct {
 
 	mu     sync.Mutex
 	closed bool
-	err    error // the last failed write
 }
 
 // setCookieKeys is called by Cookies, under its lock, when the keys change.
@@ -102,9 +102,10 @@ func (kc *kernelCookies) setCookieKeys(k *cookieKeys) {
 	if kc.closed {
 		return
 	}
-	// A failed write leaves the previous secrets in the kernel: cookies made with
-	// the new one are then judged as without a cookie, never dropped for it.
-	kc.err = writeCookieSecrets(kc.secrets, k)
+	// A failed write (it needs only a valid descriptor and key, which it has)
+	// would leave the previous secrets in the kernel: cookies made with the new
+	// one would be judged as without a cookie, never dropped for it.
+	_ = writeCookieSecrets(kc.secrets, k)
 }
 
 // rewrite writes the current keys and wall-clock offset again.
@@ -206,7 +207,9 @@ func openCookieSecrets(objs *kernelObjects, spec *ebpf.CollectionSpec, pinDir st
 	path := filepath.Join(pinDir, pinCookieSecrets)
 	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{WriteOnly: true})
 	switch {
-	case err != nil && isPermission(err):
+	case err != nil && (isPermission(err) || errors.Is(err, fs.ErrNotExist)):
+		// Not ours to write, or pins of an older layout (which the layout
+		// version check then refuses).
 		return nil
 	case err != nil:
 		return openError(path, err)
