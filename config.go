@@ -49,7 +49,7 @@ import (
 // The client-network level (ipv4-prefix-length, ipv6-prefix-length) is always a level
 // at factor 1 unless the list names that prefix length with another factor. At most
 // five levels per family besides /0. A factor of 0 turns a level off.
-// reflection-ports defaults to DefaultReflectionPorts.
+// reflection-ports defaults to DefaultReflectionPorts().
 //
 // Every rate is a decimal number of events per second (0 to 10,000,000). A value that
 // cannot be parsed or is out of range gives an error naming the keyword and the value,
@@ -92,11 +92,15 @@ type RequestLevel struct {
 	Factor    float64
 }
 
-// DefaultReflectionPorts are the UDP source ports of services whose responses are used
-// in reflection attacks (and port 0, which no real client uses): packets from them can
-// never be queries, so the filters drop them before any rate accounting.
-// chargen 19, NTP 123, SNMP 161, CLDAP 389, SSDP 1900, memcached 11211.
-var DefaultReflectionPorts = []uint16{0, 19, 123, 161, 389, 1900, 11211}
+// DefaultReflectionPorts returns a new slice of the UDP source ports of services whose
+// responses are used in reflection attacks (and port 0, which no real client uses):
+// packets from them can never be queries, so the filters drop them before any rate
+// accounting. chargen 19, NTP 123, SNMP 161, CLDAP 389, SSDP 1900, memcached 11211.
+// The caller owns the slice: changing it changes no Config and no filter.
+func DefaultReflectionPorts() []uint16 { return slices.Clone(defaultReflectionPorts[:]) }
+
+// defaultReflectionPorts is an array, not a slice, so nothing can change it.
+var defaultReflectionPorts = [...]uint16{0, 19, 123, 161, 389, 1900, 11211}
 
 const (
 	maxRate         = 10_000_000
@@ -116,7 +120,7 @@ func NewConfig() *Config {
 		ipv4Levels:       []RequestLevel{{32, 1}, {16, 16}},
 		ipv6Levels:       []RequestLevel{{128, 1}, {64, 1}, {48, 4}},
 		sourcePortFactor: 1,
-		reflectionPorts:  slices.Clone(DefaultReflectionPorts),
+		reflectionPorts:  DefaultReflectionPorts(),
 	}
 }
 

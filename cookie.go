@@ -344,3 +344,7 @@ func SetCookie(m *dns.Msg, cookie []byte) {
 	}
 	opt.Option = append(opt.Option, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: s})
 }
+
+// Cookies returns the Cookies the Handler verifies and issues server cookies with
+// (WithCookies), or nil when it has none.
+func (h *Handler) Cookies() *Cookies { return h.cookies }

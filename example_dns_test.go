@@ -133,6 +133,6 @@ func ExampleLimitListener() {
 	server.Close() // frees the client's slot
 	fmt.Printf("%+v\n", l.Stats())
 	// Output:
-	// {Accepted:1 Refused:1 Open:1 Clients:1}
-	// {Accepted:1 Refused:1 Open:0 Clients:0}
+	// {Accepted:1 Refused:1 Open:1 Clients:1 Evicted:0 AcceptErrors:[0 0]}
+	// {Accepted:1 Refused:1 Open:0 Clients:0 Evicted:0 AcceptErrors:[0 0]}
 }

@@ -270,9 +270,9 @@ static const __u64 decay_table[(1 << DECAY_TABLE_SHIFT) + 1] = {
 
 // ---- Fixed point (fixedpoint.go) ----
 
-// fp_mul is Fixed.Mul: floor(a*b / 2^32) from four 32x32-bit partial products,
-// since BPF has no 128-bit multiply. Modulo 2^64 it is the exact floor, so it equals
-// the Go result bit for bit.
+// fp_mul is Fixed.Mul: floor(a*b / 2^32) from four 32x32-bit partial products (BPF
+// has no 128-bit multiply), modulo 2^64: it equals Fixed.Mul wherever the product fits
+// (Fixed.Mul saturates beyond), and arrival_rate, its only caller, never leaves that.
 static __always_inline fp_t fp_mul(fp_t a, fp_t b)
 {
 	__u64 ah = a >> 32, al = a & 0xffffffff;

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,24 +23,32 @@ import (
 //  1. with a Limiter (WithLimiter, for servers where the kernel filter is not
 //     attached), drops UDP queries the Limiter refuses before the inner handler sees
 //     them;
-//  2. with Cookies (WithCookies), judges the query's COOKIE option (RFC 7873) and
+//  2. answers, without calling the inner handler and as an error response (steps 4
+//     and 5), a query it cannot serve: NOTIMP for an opcode other than QUERY and
+//     NOTIFY, FORMERR for a QUERY without exactly one question or with more than
+//     one OPT record, BADVERS (with an OPT record of version 0) for an EDNS version
+//     above 0 (RFC 6891), counting them in HandlerStats.Malformed;
+//  3. with Cookies (WithCookies), judges the query's COOKIE option (RFC 7873) and
 //     answers FORMERR, without calling the inner handler, when it is malformed;
-//  3. calls the inner handler with a wrapped ResponseWriter and catches the first
+//  4. calls the inner handler with a wrapped ResponseWriter and catches the first
 //     message it writes;
-//  4. sends that response unlimited when the query came over UDP with a valid server
+//  5. sends that response unlimited when the query came over UDP with a valid server
 //     cookie (the client has shown it receives packets at its address, RFC 7873;
 //     BIND 9 skips rate limiting for them too); otherwise debits the response's tuple (ResponseTupleFromMsg) with
 //     RRL.DebitAddrPort, which for TCP applies requests-per-second only (or, for UDP
 //     behind a request limiter, WithRequestsLimited, with RRL.DebitResponse);
-//  5. acts on the verdict: Send writes the response, Drop writes nothing, and Slip
+//  6. acts on the verdict: Send writes the response, Drop writes nothing (and, over
+//     TCP, closes the connection, so that a client refused by requests-per-second
+//     is not left to wait for the idle timeout while holding a connection), and Slip
 //     writes BADCOOKIE with a fresh server cookie when the query carried a client
 //     cookie (RFC 7873 section 5.2.3 allows it; BIND 9 slips so), otherwise the response truncated (TC=1, no answer, authority or
 //     additional records besides the OPT record) so that a real client retries over
 //     TCP. An error response (the AllowanceError category: REFUSED, SERVFAIL, FORMERR
 //     and the rest) is never slipped but dropped, as BIND 9 does: a truncated error
 //     tells a client nothing it could retry for, and FORMERR or REFUSED may be
-//     exactly what a spoofed flood provokes;
-//  6. puts a server cookie into every response it writes to a query that carried a
+//     exactly what a spoofed flood provokes. FORMERR and NOTIMP are written with
+//     TC clear;
+//  7. puts a server cookie into every response it writes to a query that carried a
 //     client cookie (with Cookies).
 //
 // In report-only mode Debit always returns Send, so nothing is withheld and the
@@ -50,15 +59,20 @@ import (
 // The inner handler's message is never modified (it may be cached and shared): a
 // response that needs a cookie or a slip is written from a shallow copy. A response
 // written as raw bytes (ResponseWriter.Write) is unpacked to be judged. The wrapped
-// ResponseWriter, like miekg/dns's own, must not be used after the inner handler's
-// ServeDNS returns.
+// ResponseWriter, like miekg/dns's own, is meant to be used only until the inner
+// handler's ServeDNS returns; after that its writes fail with ErrLateWrite and reach
+// no one (its state is pooled and serves other queries).
+//
+// miekg/dns answers some malformed queries itself, before any handler runs:
+// ConfigureServer brings those replies under the same limits.
 //
 // An answer synthesised from a wildcard is accounted to the wildcard (see
 // ResponseTupleFromMsg): the inner handler says so with SetWildcardOrigin on its
 // ResponseWriter, or the Handler asks a WithWildcardFunc hook.
 //
 // A Handler is safe for concurrent use. On the Send path without cookies it
-// allocates nothing beyond what miekg/dns does; Stats returns its counters.
+// allocates nothing beyond what miekg/dns does but a 512-byte block of writer leases
+// once every 32 queries; Stats returns its counters.
 type Handler struct {
 	next     dns.Handler
 	rrl      *RRL
@@ -74,6 +88,8 @@ type Handler struct {
 	cookieExempt atomic.Uint64
 	limited      atomic.Uint64
 	cookieCounts [CookieResultLast]atomic.Uint64
+	malformed    [MalformedLast]atomic.Uint64
+	configured   sync.Map // *dns.Server: ConfigureServer was called for it
 }
 
 // HandlerOption configures a Handler.
@@ -161,6 +177,11 @@ type HandlerStats struct {
 	// Cookies counts the verdicts on the queries' COOKIE options, by CookieResult
 	// (with WithCookies only).
 	Cookies [CookieResultLast]uint64
+	// Malformed counts queries answered with an error rcode (or not at all)
+	// because of their form, by reason; their replies are also in
+	// Responses[...][AllowanceError]. The reasons miekg/dns finds before the
+	// Handler runs are counted only on a server set up with ConfigureServer.
+	Malformed [MalformedLast]uint64
 }
 
 // Stats returns the Handler's counters.
@@ -177,6 +198,9 @@ func (h *Handler) Stats() HandlerStats {
 	for i := range s.Cookies {
 		s.Cookies[i] = h.cookieCounts[i].Load()
 	}
+	for i := range s.Malformed {
+		s.Malformed[i] = h.malformed[i].Load()
+	}
 	return s
 }
 
@@ -192,12 +216,18 @@ func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
 		return
 	}
 	rw := h.writers.Get().(*responseWriter)
-	*rw = responseWriter{ResponseWriter: w, h: h, src: src, udp: udp}
-	defer func() {
-		*rw = responseWriter{} // the pool keeps no request alive
-		h.writers.Put(rw)
-	}()
+	rw.ResponseWriter, rw.h, rw.src, rw.udp = w, h, src, udp
+	l := rw.lease()
+	defer h.release(rw)
 
+	// A query the server would answer FORMERR or NOTIMP itself when the
+	// Handler's ConfigureServer is not in use, and the EDNS errors of RFC 6891:
+	// answered here as error responses, under the errors-per-second allowance.
+	if rcode, reason := queryError(req); rcode != dns.RcodeSuccess {
+		h.malformed[reason].Add(1)
+		rw.writeMsg(errorReply(req, rcode))
+		return
+	}
 	if h.cookies != nil {
 		rw.cookie, rw.hasCookie = cookieOption(req, &rw.cookieBuf)
 		if rw.hasCookie {
@@ -209,11 +239,72 @@ func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
 			m := new(dns.Msg)
 			m.SetRcode(req, dns.RcodeFormatError)
 			m.SetEdns0(responseUDPSize, false) // the query had one: its cookie
-			rw.WriteMsg(m)
+			rw.writeMsg(m)
 			return
 		}
 	}
-	h.next.ServeDNS(rw, req)
+	h.next.ServeDNS(l, req)
+}
+
+// release ends rw's lease, so that the inner handler's later calls fail instead of
+// reaching the next query's client, and returns rw to the pool.
+func (h *Handler) release(rw *responseWriter) {
+	rw.mu.Lock()
+	rw.gen++
+	rw.queryState = queryState{} // the pool keeps no request alive
+	rw.mu.Unlock()
+	h.writers.Put(rw)
+}
+
+// queryError returns the rcode a query gets instead of an answer, and why, or
+// RcodeSuccess: NOTIMP for an opcode other than QUERY and NOTIFY, FORMERR for a
+// QUERY without exactly one question or with more than one OPT record, BADVERS for
+// an EDNS version above 0 (RFC 6891 section 6.1.3).
+func queryError(req *dns.Msg) (int, MalformedReason) {
+	switch req.Opcode {
+	case dns.OpcodeQuery:
+		if len(req.Question) != 1 {
+			return dns.RcodeFormatError, MalformedQuestionCount
+		}
+	case dns.OpcodeNotify:
+	default:
+		return dns.RcodeNotImplemented, MalformedOpcode
+	}
+	var opt *dns.OPT
+	for _, rr := range req.Extra {
+		if o, ok := rr.(*dns.OPT); ok {
+			if opt != nil {
+				return dns.RcodeFormatError, MalformedOPTCount
+			}
+			opt = o
+		}
+	}
+	if opt != nil && opt.Version() != 0 {
+		return dns.RcodeBadVers, MalformedEDNSVersion
+	}
+	return dns.RcodeSuccess, 0
+}
+
+// errorReply returns the reply with rcode to req: its question (for QUERY), the
+// server's OPT record (version 0) when the query had one, and neither the query's
+// TC bit nor any record besides.
+func errorReply(req *dns.Msg, rcode int) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetRcode(req, rcode)
+	if req.Opcode != dns.OpcodeQuery || len(req.Question) != 1 {
+		m.Question = nil
+	}
+	var do bool
+	hasOPT := false
+	for _, rr := range req.Extra {
+		if o, ok := rr.(*dns.OPT); ok {
+			hasOPT, do = true, do || o.Do()
+		}
+	}
+	if hasOPT || rcode > 0xF {
+		m.SetEdns0(responseUDPSize, do)
+	}
+	return m
 }
 
 // responseUDPSize is the EDNS payload size advertised in OPT records the Handler
@@ -288,9 +379,20 @@ func unhex(c byte) (byte, bool) {
 	return 0, false
 }
 
-// responseWriter is the ResponseWriter the inner handler writes to: it holds back
-// the first response until the Handler has judged it.
+// responseWriter holds back the first response of the inner handler until the
+// Handler has judged it. It is pooled: the inner handler gets a lease on it, which
+// stops working when ServeDNS returns.
 type responseWriter struct {
+	mu     sync.Mutex // held by every lease call, and by release
+	gen    uint64     // the current lease's; release increments it
+	leases *[leaseBatch]lease
+	next   int // leases[next:] are unused
+
+	queryState // zeroed by release
+}
+
+// queryState is the state of a responseWriter for one query.
+type queryState struct {
 	dns.ResponseWriter
 	h   *Handler
 	src netip.AddrPort
@@ -306,25 +408,167 @@ type responseWriter struct {
 	withheld bool // ... and withheld: later ones are too
 }
 
-// SetWildcardOrigin implements WildcardReporter.
-func (rw *responseWriter) SetWildcardOrigin(origin string) { rw.wildcard = origin }
+// leaseBatch is how many leases are allocated at once. Each is handed out once,
+// so a lease kept past its query never aliases a later one.
+const leaseBatch = 32
+
+// lease returns a new lease on rw for the current generation.
+func (rw *responseWriter) lease() *lease {
+	if rw.leases == nil || rw.next == len(rw.leases) {
+		rw.leases, rw.next = new([leaseBatch]lease), 0
+	}
+	l := &rw.leases[rw.next]
+	rw.next++
+	*l = lease{rw: rw, gen: rw.gen}
+	return l
+}
+
+// ErrLateWrite is returned by the ResponseWriter a Handler gives its inner handler
+// when it is used after the Handler's ServeDNS returned.
+var ErrLateWrite = errors.New("rrl: response writer used after ServeDNS returned")
+
+// lease is the dns.ResponseWriter the inner handler gets: a responseWriter for one
+// query. Every call checks that the query is still being served; after that, writes
+// fail with ErrLateWrite and nothing reaches the writer that serves other queries.
+type lease struct {
+	rw  *responseWriter
+	gen uint64
+}
+
+// acquire locks the responseWriter and returns it, or nil (unlocked) when the
+// lease has ended.
+func (l *lease) acquire() *responseWriter {
+	rw := l.rw
+	rw.mu.Lock()
+	if rw.gen != l.gen {
+		rw.mu.Unlock()
+		return nil
+	}
+	return rw
+}
 
 // WriteMsg judges the first response and writes what the verdict says; later
 // responses follow its fate. A withheld response is not an error for the caller.
-func (rw *responseWriter) WriteMsg(m *dns.Msg) error {
+func (l *lease) WriteMsg(m *dns.Msg) error {
+	rw := l.acquire()
+	if rw == nil {
+		return ErrLateWrite
+	}
+	defer rw.mu.Unlock()
+	return rw.writeMsg(m)
+}
+
+// Write unpacks a raw response to judge it; bytes that do not unpack are judged as
+// an error response and, if sent, sent as they are.
+func (l *lease) Write(b []byte) (int, error) {
+	rw := l.acquire()
+	if rw == nil {
+		return 0, ErrLateWrite
+	}
+	defer rw.mu.Unlock()
+	return rw.write(b)
+}
+
+// LocalAddr implements dns.ResponseWriter; after the lease it returns an empty
+// address.
+func (l *lease) LocalAddr() net.Addr {
+	rw := l.acquire()
+	if rw == nil {
+		return endedAddr{}
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter.LocalAddr()
+}
+
+// RemoteAddr implements dns.ResponseWriter; after the lease it returns an empty
+// address.
+func (l *lease) RemoteAddr() net.Addr {
+	rw := l.acquire()
+	if rw == nil {
+		return endedAddr{}
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter.RemoteAddr()
+}
+
+// Close implements dns.ResponseWriter.
+func (l *lease) Close() error {
+	rw := l.acquire()
+	if rw == nil {
+		return ErrLateWrite
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter.Close()
+}
+
+// TsigStatus implements dns.ResponseWriter.
+func (l *lease) TsigStatus() error {
+	rw := l.acquire()
+	if rw == nil {
+		return ErrLateWrite
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter.TsigStatus()
+}
+
+// TsigTimersOnly implements dns.ResponseWriter.
+func (l *lease) TsigTimersOnly(b bool) {
+	if rw := l.acquire(); rw != nil {
+		rw.ResponseWriter.TsigTimersOnly(b)
+		rw.mu.Unlock()
+	}
+}
+
+// Hijack implements dns.ResponseWriter.
+func (l *lease) Hijack() {
+	if rw := l.acquire(); rw != nil {
+		rw.ResponseWriter.Hijack()
+		rw.mu.Unlock()
+	}
+}
+
+// SetWildcardOrigin implements WildcardReporter.
+func (l *lease) SetWildcardOrigin(origin string) {
+	if rw := l.acquire(); rw != nil {
+		rw.wildcard = origin
+		rw.mu.Unlock()
+	}
+}
+
+// ConnectionState returns the TLS state of the connection when the underlying
+// ResponseWriter has one (dns.ConnectionStater), nil otherwise.
+func (l *lease) ConnectionState() *tls.ConnectionState {
+	rw := l.acquire()
+	if rw == nil {
+		return nil
+	}
+	defer rw.mu.Unlock()
+	if cs, ok := rw.ResponseWriter.(dns.ConnectionStater); ok {
+		return cs.ConnectionState()
+	}
+	return nil
+}
+
+// endedAddr is the address an ended lease reports.
+type endedAddr struct{}
+
+func (endedAddr) Network() string { return "" }
+func (endedAddr) String() string  { return "" }
+
+// writeMsg is lease.WriteMsg with rw held.
+func (rw *responseWriter) writeMsg(m *dns.Msg) error {
 	if rw.judged {
 		if rw.withheld {
 			return nil
 		}
-		return rw.ResponseWriter.WriteMsg(m)
+		return rw.forward(m)
 	}
 	rw.judged = true
 	return rw.judge(m)
 }
 
-// Write unpacks a raw response to judge it; bytes that do not unpack are judged as
-// an error response and, if sent, sent as they are.
-func (rw *responseWriter) Write(b []byte) (int, error) {
+// write is lease.Write with rw held.
+func (rw *responseWriter) write(b []byte) (int, error) {
 	if rw.judged {
 		if rw.withheld {
 			return len(b), nil
@@ -333,35 +577,58 @@ func (rw *responseWriter) Write(b []byte) (int, error) {
 	}
 	m := new(dns.Msg)
 	if err := m.Unpack(b); err == nil {
-		if err := rw.WriteMsg(m); err != nil {
+		if err := rw.writeMsg(m); err != nil {
 			return 0, err
 		}
 		return len(b), nil
 	}
 	rw.judged = true
 	t := ResponseTuple{AllowanceCategory: AllowanceError}
-	var act Action
-	if rw.udp && rw.h.upstream {
-		act, _, _ = rw.h.rrl.DebitResponse(rw.src, &t)
-	} else {
-		act, _, _ = rw.h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
-	}
-	if act != Send {
+	if act := rw.h.debit(rw.src, rw.udp, &t); act != Send {
 		rw.h.responses[Drop][AllowanceError].Add(1)
-		rw.withheld = true
+		rw.withhold()
 		return len(b), nil
 	}
 	rw.h.responses[Send][AllowanceError].Add(1)
 	return rw.ResponseWriter.Write(b)
 }
 
-// ConnectionState returns the TLS state of the connection when the underlying
-// ResponseWriter has one (dns.ConnectionStater), nil otherwise.
-func (rw *responseWriter) ConnectionState() *tls.ConnectionState {
-	if cs, ok := rw.ResponseWriter.(dns.ConnectionStater); ok {
-		return cs.ConnectionState()
+// debit debits t for a response to src, with DebitResponse when UDP queries
+// passed a request limiter already.
+func (h *Handler) debit(src netip.AddrPort, udp bool, t *ResponseTuple) Action {
+	var act Action
+	if udp && h.upstream {
+		act, _, _ = h.rrl.DebitResponse(src, t)
+	} else {
+		act, _, _ = h.rrl.DebitAddrPort(src, udp, t)
 	}
-	return nil
+	return act
+}
+
+// withhold marks the query's responses withheld. Over TCP it also closes the
+// connection: a client refused by requests-per-second (the only limit on TCP) gets
+// no silence to wait out, and its connection slot is free at once.
+func (rw *responseWriter) withhold() {
+	rw.withheld = true
+	if !rw.udp {
+		rw.ResponseWriter.Close()
+	}
+}
+
+// forward writes m as it is. A message shaped like miekg/dns's own replies to
+// malformed queries (see ConfigureServer) is packed and written raw, past the
+// server's DecorateWriter, so that it is not judged a second time.
+func (rw *responseWriter) forward(m *dns.Msg) error {
+	if (m.Rcode == dns.RcodeFormatError || m.Rcode == dns.RcodeNotImplemented) &&
+		len(m.Answer) == 0 && len(m.Ns) == 0 && len(m.Extra) == 0 {
+		b, err := m.Pack()
+		if err != nil {
+			return err
+		}
+		_, err = rw.ResponseWriter.Write(b)
+		return err
+	}
+	return rw.ResponseWriter.WriteMsg(m)
 }
 
 // judge decides the fate of m, the first response, and writes accordingly.
@@ -378,11 +645,7 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 			origin = h.wildcard(m)
 		}
 		t := ResponseTupleFromMsg(m, origin)
-		if rw.udp && h.upstream {
-			act, _, _ = h.rrl.DebitResponse(rw.src, &t)
-		} else {
-			act, _, _ = h.rrl.DebitAddrPort(rw.src, rw.udp, &t)
-		}
+		act = h.debit(rw.src, rw.udp, &t)
 		cat = t.AllowanceCategory
 	}
 	if act == Slip && cat == AllowanceError {
@@ -391,7 +654,7 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 	h.responses[act][cat].Add(1)
 	switch act {
 	case Drop:
-		rw.withheld = true
+		rw.withhold()
 		return nil
 	case Slip:
 		if rw.hasCookie && len(rw.cookie) >= ClientCookieLen {
@@ -400,10 +663,17 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 		}
 		m = truncated(m)
 	}
+	if m.Truncated && (m.Rcode == dns.RcodeFormatError || m.Rcode == dns.RcodeNotImplemented) {
+		// An error reply has nothing to retry over TCP for: a TC bit there is
+		// the query's, copied.
+		cp := *m
+		cp.Truncated = false
+		m = &cp
+	}
 	if rw.hasCookie && len(rw.cookie) >= ClientCookieLen {
 		m = rw.withCookie(m)
 	}
-	return rw.ResponseWriter.WriteMsg(m)
+	return rw.forward(m)
 }
 
 // withCookie returns a shallow copy of m carrying a fresh full cookie for the
@@ -481,23 +751,34 @@ func hexString(b []byte) string {
 
 // LimitReader returns a miekg/dns Server.DecorateReader that holds UDP queries to
 // the limits of l as soon as they are read: a query l refuses is discarded before
-// the server unpacks it or starts a goroutine for it. That saves about 1.5 µs of CPU
-// per dropped packet over a Handler with WithLimiter (BenchmarkLimiterDrop: 6.4 µs
-// instead of 7.9 µs, sender and kernel included, on 2 cores). Use one or the other,
-// and only where the kernel filter is not attached (Attach returned ModeClassic).
-// TCP queries pass untouched; l.Stats counts what was refused.
+// the server unpacks it or starts a goroutine for it, which costs less CPU per
+// dropped packet than a Handler with WithLimiter (BenchmarkLimiterDrop). Use one or
+// the other, and only where the kernel filter is not attached (Attach returned
+// ModeClassic). TCP queries pass untouched; l.Stats counts what was refused.
+//
+// The datagram after a refused one is read into the refused one's buffer (the
+// server takes buffers from a pool of its own, which a reader cannot give them back
+// to), so a flood of refused packets allocates no buffers. That needs the server's
+// own reader underneath: set the result as Server.DecorateReader, or apply it to
+// the reader the server passes before any other decorator. Over another reader it
+// calls that reader for every datagram, and each refused one costs its buffer.
 func LimitReader(l *Limiter) dns.DecorateReader { return limitReaderCounted(l, nil) }
 
 // limitReaderCounted is LimitReader counting refusals in h's RequestsLimited too.
 func limitReaderCounted(l *Limiter, h *Handler) dns.DecorateReader {
-	return func(r dns.Reader) dns.Reader { return &limitReader{Reader: r, l: l, h: h} }
+	return func(r dns.Reader) dns.Reader {
+		t := reflect.TypeOf(r)
+		own := t != nil && t.PkgPath() == "github.com/miekg/dns" && t.Name() == "defaultReader"
+		return &limitReader{Reader: r, l: l, h: h, own: own}
+	}
 }
 
 // limitReader is the dns.Reader of LimitReader.
 type limitReader struct {
 	dns.Reader
-	l *Limiter
-	h *Handler // nil, or the Handler whose RequestsLimited counts refusals
+	l   *Limiter
+	h   *Handler // nil, or the Handler whose RequestsLimited counts refusals
+	own bool     // Reader is miekg/dns's: its buffers may be read into again
 }
 
 // refused counts a query l refused.
@@ -507,37 +788,52 @@ func (r *limitReader) refused() {
 	}
 }
 
-// ReadUDP returns the next query l allows.
+// ReadUDP returns the next query l allows. After a refused datagram it reads the
+// next one itself into the same buffer, under the read deadline the server's
+// reader set; when that passes it returns the timeout, as the server's reader does,
+// and the server calls again.
 func (r *limitReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte, *dns.SessionUDP, error) {
-	for {
-		b, s, err := r.Reader.ReadUDP(conn, timeout)
-		if err != nil || s == nil {
-			return b, s, err
+	b, s, err := r.Reader.ReadUDP(conn, timeout)
+	for err == nil && s != nil {
+		if ua, ok := s.RemoteAddr().(*net.UDPAddr); !ok || r.l.Allow(ua.AddrPort()) {
+			break
 		}
-		if ua, ok := s.RemoteAddr().(*net.UDPAddr); ok && !r.l.Allow(ua.AddrPort()) {
-			r.refused()
+		r.refused()
+		if !r.own {
+			b, s, err = r.Reader.ReadUDP(conn, timeout)
 			continue
 		}
-		return b, s, nil
+		var n int
+		if n, s, err = dns.ReadFromSessionUDP(conn, b[:cap(b)]); err != nil {
+			return nil, nil, err
+		}
+		b = b[:n]
 	}
+	return b, s, err
 }
 
 // ReadPacketConn returns the next query l allows, for servers on a net.PacketConn
-// that is not a *net.UDPConn.
+// that is not a *net.UDPConn, reusing buffers as ReadUDP does.
 func (r *limitReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration) ([]byte, net.Addr, error) {
 	pr, ok := r.Reader.(dns.PacketConnReader)
 	if !ok {
 		return nil, nil, errors.New("rrl: LimitReader: the decorated reader cannot read a net.PacketConn")
 	}
-	for {
-		b, a, err := pr.ReadPacketConn(conn, timeout)
-		if err != nil {
-			return b, a, err
+	b, a, err := pr.ReadPacketConn(conn, timeout)
+	for err == nil {
+		if src, udp := remoteAddrPort(a); !udp || r.l.Allow(src) {
+			break
 		}
-		if src, udp := remoteAddrPort(a); udp && !r.l.Allow(src) {
-			r.refused()
+		r.refused()
+		if !r.own {
+			b, a, err = pr.ReadPacketConn(conn, timeout)
 			continue
 		}
-		return b, a, nil
+		var n int
+		if n, a, err = conn.ReadFrom(b[:cap(b)]); err != nil {
+			return nil, nil, err
+		}
+		b = b[:n]
 	}
+	return b, a, err
 }

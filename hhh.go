@@ -100,7 +100,7 @@ type limiterParams struct {
 	prefix     [numNodes]int
 	name       [numNodes]LimiterNode
 	levels     [2]int // active level nodes of IPv4 (nodes 0..levels[0]-1) and IPv6
-	exempt     []netip.Prefix
+	exempt     prefixSet
 	reportOnly bool
 }
 
@@ -264,7 +264,7 @@ func newLimiterParams(cfg *Config) (*limiterParams, error) {
 			return nil, fmt.Errorf("rrl: exempt-clients: invalid prefix %v", e)
 		}
 	}
-	p.exempt = append([]netip.Prefix(nil), cfg.exempt...)
+	p.exempt = newPrefixSet(cfg.exempt)
 	for fam, first := range [2]int{nodeIPv4First, nodeIPv6First} {
 		levels := cfg.requestLevels(fam == 0)
 		if len(levels) > maxRequestLevel {
@@ -342,11 +342,9 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 	if !addr.IsValid() {
 		return LimiterVerdict{Allowed: true, node: -1}
 	}
-	for _, e := range p.exempt {
-		if e.Contains(addr) {
-			st.exempt.Add(1)
-			return LimiterVerdict{Allowed: true, Exempt: true, node: -1}
-		}
+	if !p.exempt.empty() && p.exempt.contains(addr) {
+		st.exempt.Add(1)
+		return LimiterVerdict{Allowed: true, Exempt: true, node: -1}
 	}
 	// First the key hashes of the packet's active nodes, in order: its family's
 	// levels, finest first, then the port and total nodes.

@@ -247,7 +247,8 @@ func (p *Protection) Limiter() *Limiter { return p.limiter }
 func (p *Protection) Cookies() *Cookies { return p.cookies }
 
 // UDPServer returns a dns.Server for the socket given to Protect, ready for
-// ActivateAndServe; set fields such as NotifyStartedFunc before starting it.
+// ActivateAndServe, with Handler.ConfigureServer applied; set fields such as
+// NotifyStartedFunc before starting it.
 func (p *Protection) UDPServer() *dns.Server { return p.udpServer(p.udp[0]) }
 
 func (p *Protection) udpServer(conn *net.UDPConn) *dns.Server {
@@ -258,6 +259,7 @@ func (p *Protection) udpServer(conn *net.UDPConn) *dns.Server {
 		srv.DecorateReader = limitReaderCounted(p.limiter, p.handler)
 		srv.Handler = readerLimited{p.handler}
 	}
+	p.handler.ConfigureServer(srv)
 	return srv
 }
 
@@ -287,8 +289,8 @@ func (p *Protection) AddUDP(conn *net.UDPConn) (*dns.Server, error) {
 // tcpReadTimeout bounds how long a TCP client may take to send a query.
 const tcpReadTimeout = 5 * time.Second
 
-// TCPServer returns a dns.Server for l, with the per-client connection limit, ready
-// for ActivateAndServe.
+// TCPServer returns a dns.Server for l, with the connection limits and
+// Handler.ConfigureServer applied, ready for ActivateAndServe.
 func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 	per := p.opts.tcpPerConn
 	if per == 0 {
@@ -298,7 +300,9 @@ func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 	p.mu.Lock()
 	p.tcp = append(p.tcp, t)
 	p.mu.Unlock()
-	return &dns.Server{Listener: t, Handler: p.handler, ReadTimeout: tcpReadTimeout}
+	srv := &dns.Server{Listener: t, Handler: p.handler, ReadTimeout: tcpReadTimeout}
+	p.handler.ConfigureServer(srv)
+	return srv
 }
 
 // TCPLimiters returns the connection limiters of the listeners given to TCPServer.

@@ -67,7 +67,7 @@ func burst(t *testing.T, src netip.Addr, dst netip.AddrPort, n int) int {
 		defer close(done)
 		buf := make([]byte, 1500)
 		for {
-			c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
 			if _, err := c.Read(buf); err != nil {
 				return
 			}
@@ -82,8 +82,8 @@ func burst(t *testing.T, src netip.Addr, dst netip.AddrPort, n int) int {
 		if _, err := c.Write(b); err != nil {
 			t.Fatal(err)
 		}
-		if i%50 == 49 {
-			time.Sleep(time.Millisecond) // stay below the socket buffers' size
+		if i%10 == 9 {
+			time.Sleep(time.Millisecond) // stay far below the socket buffers' size
 		}
 	}
 	<-done

@@ -39,7 +39,7 @@ type RRL struct {
 	v4Mask    uint32
 	v6MaskHi  uint64
 	v6MaskLo  uint64
-	exempt    []netip.Prefix
+	exempt    prefixSet
 	report    bool
 
 	qpsScale   uint64        // queries per second; 0 disables qps-scale
@@ -123,7 +123,7 @@ func New(cfg *Config) (*RRL, error) {
 		slipRatio: uint64(cfg.slipRatio),
 		v4Mask:    ^uint32(0) << (32 - cfg.ipv4PrefixLength),
 		report:    cfg.reportOnly,
-		exempt:    append([]netip.Prefix(nil), cfg.exempt...),
+		exempt:    newPrefixSet(cfg.exempt),
 		qpsScale:  uint64(math.Ceil(cfg.qpsScale)),
 		seed:      rand.Uint64(),
 		nowFunc:   cfg.nowFunc,
@@ -255,7 +255,7 @@ func (r *RRL) network(a netip.Addr) clientNet {
 // account of the tuple's category limits (RTRateLimit) with Drop or Slip by
 // slip-ratio, unless the category's allowance is 0 (RTNotConfigured). In report-only
 // mode the action is always Send and the reasons and Stats tell what would have
-// happened. exempt-clients is searched in order, so it is meant for a few prefixes.
+// happened.
 func (r *RRL) Debit(src net.Addr, tuple *ResponseTuple) (Action, IPReason, RTReason) {
 	var ip net.IP
 	udp := false
@@ -339,11 +339,9 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	cn := r.network(addr)
 	netHash := mix64(mix64(r.seed^cn.hi) ^ cn.lo ^ cn.fam<<48)
 	s := &r.shards[netHash>>r.shardShift&uint64(len(r.shards)-1)]
-	for _, p := range r.exempt {
-		if p.Contains(addr) {
-			r.count(cat, Send, Send, IPExempt, RTNotReached)
-			return Send, IPExempt, RTNotReached
-		}
+	if !r.exempt.empty() && r.exempt.contains(addr) {
+		r.count(cat, Send, Send, IPExempt, RTNotReached)
+		return Send, IPExempt, RTNotReached
 	}
 	var cost Fixed
 	var respKey uint64

@@ -12,7 +12,8 @@
 // It serves the embedded zone example.test. (see example.test.zone), or the zone in
 // FILE, over UDP and TCP. Every rrl configuration keyword is a flag of its own name
 // (-responses-per-second 5, -slip-ratio 2, -report-only, ...); only the flags given
-// are applied. -metrics serves Prometheus metrics at http://ADDR/metrics. SIGINT or
+// are applied. -metrics serves Prometheus metrics at http://ADDR/metrics (the server's
+// own, the Go runtime's and the process's). SIGINT or
 // SIGTERM shuts the server down gracefully.
 //
 // With -demo it serves on a loopback port of its own and, for ten seconds, sends
@@ -37,8 +38,10 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/rrlprom"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -239,6 +242,8 @@ func startServer(c serverConfig) (*server, error) {
 	}
 	fmt.Fprintf(c.log, "rrl: %v\n", p.Status())
 	s.protection, s.rrl, s.filter, s.limiter, s.handler = p, p.RRL(), p.Filter(), p.Limiter(), p.Handler()
+	// Protect's servers come with Handler.ConfigureServer applied: miekg/dns's own
+	// replies to malformed queries go through the limits too.
 	s.udpSrv, s.tcpSrv = p.UDPServer(), p.TCPServer(ln)
 	s.tcp = p.TCPLimiters()[0]
 	if c.observe {
@@ -290,16 +295,22 @@ func listenBoth(addr string) (*net.UDPConn, net.Listener, error) {
 
 // serveMetrics serves the Prometheus endpoint on addr.
 func (s *server) serveMetrics(addr string, log io.Writer) error {
-	opts := []rrl.CollectorOption{rrl.CollectHandler(s.handler), rrl.CollectTCPLimiter(s.tcp)}
+	opts := []rrlprom.CollectorOption{rrlprom.CollectHandler(s.handler), rrlprom.CollectTCPLimiter(s.tcp)}
 	if s.filter != nil {
-		opts = append(opts, rrl.CollectFilter(s.filter))
+		opts = append(opts, rrlprom.CollectFilter(s.filter))
 	}
 	if s.limiter != nil {
-		opts = append(opts, rrl.CollectLimiter(s.limiter))
+		opts = append(opts, rrlprom.CollectLimiter(s.limiter))
 	}
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(rrl.NewCollector("dns", s.rrl, opts...)); err != nil {
-		return err
+	for _, c := range []prometheus.Collector{
+		rrlprom.NewCollector("dns", s.rrl, opts...),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

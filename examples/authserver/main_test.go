@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -182,6 +183,18 @@ func TestMetricsEndpoint(t *testing.T) {
 	if _, _, err := (&dns.Client{Timeout: 5 * time.Second}).Exchange(q, s.addr); err != nil {
 		t.Fatal(err)
 	}
+	// A query without a question, which miekg/dns answers itself: counted.
+	c, err := net.Dial("udp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (Long enough for the kernel filter, which drops what is shorter than a query.)
+	c.Write([]byte{0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1})
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 512)); err != nil {
+		t.Fatalf("no FORMERR for a query without a question: %v", err)
+	}
+	c.Close()
 	resp, err := http.Get(m[1])
 	if err != nil {
 		t.Fatal(err)
@@ -192,6 +205,10 @@ func TestMetricsEndpoint(t *testing.T) {
 		`dns_rrl_debits_total{category="answer"} 1`,
 		`dns_handler_responses_total{action="send",category="answer"} 1`,
 		`dns_tcp_accepted_total 0`,
+		`dns_handler_malformed_total{reason="question-count"} 1`,
+		`dns_handler_responses_total{action="send",category="error"} 1`,
+		`go_goroutines `,
+		`process_cpu_seconds_total `,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)

@@ -1,6 +1,10 @@
-package rrl
+// Package rrlprom exports the counters of package rrl's limiters to Prometheus. It
+// is a package of its own so that a program using rrl without Prometheus does not
+// link the client library.
+package rrlprom
 
 import (
+	"github.com/dnsrake/rrl"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -28,6 +32,8 @@ import (
 //	handler_cookie_exempt_total                 UDP responses exempt thanks to a valid server cookie
 //	handler_requests_limited_total              queries the Handler's Limiter dropped
 //	handler_cookies_total{result}               COOKIE options by CookieResult
+//	handler_malformed_total{reason}             queries answered with an error (or not at all)
+//	                                            for their form, by MalformedReason
 //	filter_mode{mode}                           1 for the attached mode (ebpf, classic)
 //	filter_packets_total                        packets the eBPF filter judged
 //	filter_passed_total                         packets it delivered
@@ -41,50 +47,54 @@ import (
 //	limiter_exempt_total                        exempt packets it passed uncounted
 //	limiter_limited_total{node}                 packets it refused, by level
 //	limiter_limit_packets_per_second{node}      each level's limit
-//	tcp_accepted_total, tcp_refused_total       connections the TCPLimiter accepted, refused
+//	tcp_accepted_total                          connections the TCPLimiter accepted
+//	tcp_refused_total{reason}                   connections reset: client-limit (refused at
+//	                                            accept), total-limit (open ones evicted)
+//	tcp_accept_errors_total{reason}             accept failures waited out: descriptors, memory
 //	tcp_open_connections, tcp_clients           connections open, clients with one open
+//	tcp_max_connections                         the total limit
 //
 // RRL counters are read without zeroing: a program that also calls
 // GetStats(true) makes them go down, which Prometheus takes for a restart.
 type Collector struct {
-	rrl     *RRL
-	handler *Handler
-	filter  *Filter
-	limiter *Limiter
-	tcp     *TCPLimiter
+	rrl     *rrl.RRL
+	handler *rrl.Handler
+	filter  *rrl.Filter
+	limiter *rrl.Limiter
+	tcp     *rrl.TCPLimiter
 
 	debits, actions, reportOnly, ipReasons, rtReasons, accounts, evictions *prometheus.Desc
 
-	hResponses, hBadCookie, hExempt, hLimited, hCookies *prometheus.Desc
+	hResponses, hBadCookie, hExempt, hLimited, hCookies, hMalformed *prometheus.Desc
 
 	fMode, fPackets, fPassed, fNotDNS, fDropped, fLimited, fLimit, fExempt, fReportOnly, fErrors *prometheus.Desc
 	fCookiePassed, fCookieInvalid                                                                *prometheus.Desc
 
 	lPackets, lExempt, lLimited, lLimit *prometheus.Desc
 
-	tAccepted, tRefused, tOpen, tClients *prometheus.Desc
+	tAccepted, tRefused, tAcceptErrors, tOpen, tClients, tMax *prometheus.Desc
 }
 
 // CollectorOption adds a source of metrics to a Collector.
 type CollectorOption func(*Collector)
 
 // CollectHandler adds the counters of h.
-func CollectHandler(h *Handler) CollectorOption { return func(c *Collector) { c.handler = h } }
+func CollectHandler(h *rrl.Handler) CollectorOption { return func(c *Collector) { c.handler = h } }
 
 // CollectFilter adds the counters of the kernel filter f. In ModeClassic only
 // filter_mode is exported (the classic prefilter keeps no counters).
-func CollectFilter(f *Filter) CollectorOption { return func(c *Collector) { c.filter = f } }
+func CollectFilter(f *rrl.Filter) CollectorOption { return func(c *Collector) { c.filter = f } }
 
 // CollectLimiter adds the counters of the Go request limiter l.
-func CollectLimiter(l *Limiter) CollectorOption { return func(c *Collector) { c.limiter = l } }
+func CollectLimiter(l *rrl.Limiter) CollectorOption { return func(c *Collector) { c.limiter = l } }
 
 // CollectTCPLimiter adds the counters of the TCP connection limiter t.
-func CollectTCPLimiter(t *TCPLimiter) CollectorOption { return func(c *Collector) { c.tcp = t } }
+func CollectTCPLimiter(t *rrl.TCPLimiter) CollectorOption { return func(c *Collector) { c.tcp = t } }
 
 // NewCollector returns a Collector of r's counters (r may be nil when only the
 // other sources are wanted), with metric names prefixed by namespace (which may be
 // empty). Register it with prometheus.MustRegister or a Registry.
-func NewCollector(namespace string, r *RRL, opts ...CollectorOption) *Collector {
+func NewCollector(namespace string, r *rrl.RRL, opts ...CollectorOption) *Collector {
 	c := &Collector{rrl: r}
 	for _, o := range opts {
 		o(c)
@@ -105,6 +115,7 @@ func NewCollector(namespace string, r *RRL, opts ...CollectorOption) *Collector 
 	c.hExempt = d("handler", "cookie_exempt_total", "UDP responses sent unlimited because the query had a valid server cookie.")
 	c.hLimited = d("handler", "requests_limited_total", "Queries the Go request limiter dropped before the inner handler.")
 	c.hCookies = d("handler", "cookies_total", "Queries by the verdict on their COOKIE option.", "result")
+	c.hMalformed = d("handler", "malformed_total", "Queries answered with an error rcode, or not at all, because of their form, by reason.", "reason")
 
 	c.fMode = d("filter", "mode", "1 for the protection attached to the socket: ebpf or classic.", "mode")
 	c.fPackets = d("filter", "packets_total", "Packets the kernel filter judged.")
@@ -125,18 +136,20 @@ func NewCollector(namespace string, r *RRL, opts ...CollectorOption) *Collector 
 	c.lLimit = d("limiter", "limit_packets_per_second", "The Go request limiter's limit per group, by level.", "node")
 
 	c.tAccepted = d("tcp", "accepted_total", "TCP connections accepted.")
-	c.tRefused = d("tcp", "refused_total", "TCP connections reset because their client was at its limit.")
+	c.tRefused = d("tcp", "refused_total", "TCP connections reset: client-limit when accepted with the client at its limit, total-limit when evicted for a newcomer at the total limit.", "reason")
+	c.tAcceptErrors = d("tcp", "accept_errors_total", "Accept failures for want of descriptors or memory, waited out.", "reason")
 	c.tOpen = d("tcp", "open_connections", "TCP connections open.")
 	c.tClients = d("tcp", "clients", "Clients with at least one open TCP connection.")
+	c.tMax = d("tcp", "max_connections", "The limit on open TCP connections in all.")
 	return c
 }
 
 // Label values.
 var (
-	labelCategoryNames = [AllowanceLast]string{"answer", "referral", "nodata", "nxdomain", "error"}
-	labelActionNames   = [ActionLast]string{"send", "drop", "slip"}
-	labelIpReasonNames = [IPLast]string{"ok", "not-configured", "not-reached", "rate-limit", "cache-full", "exempt", "all-rate-limit"}
-	labelRtReasonNames = [RTLast]string{"ok", "not-configured", "not-reached", "rate-limit", "not-udp", "cache-full"}
+	labelCategoryNames = [rrl.AllowanceLast]string{"answer", "referral", "nodata", "nxdomain", "error"}
+	labelActionNames   = [rrl.ActionLast]string{"send", "drop", "slip"}
+	labelIpReasonNames = [rrl.IPLast]string{"ok", "not-configured", "not-reached", "rate-limit", "cache-full", "exempt", "all-rate-limit"}
+	labelRtReasonNames = [rrl.RTLast]string{"ok", "not-configured", "not-reached", "rate-limit", "not-udp", "cache-full"}
 )
 
 // Describe implements prometheus.Collector. It sends every metric the Collector can
@@ -144,11 +157,11 @@ var (
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.debits, c.actions, c.reportOnly, c.ipReasons, c.rtReasons, c.accounts, c.evictions,
-		c.hResponses, c.hBadCookie, c.hExempt, c.hLimited, c.hCookies,
+		c.hResponses, c.hBadCookie, c.hExempt, c.hLimited, c.hCookies, c.hMalformed,
 		c.fMode, c.fPackets, c.fPassed, c.fNotDNS, c.fDropped, c.fLimited, c.fLimit, c.fExempt, c.fReportOnly, c.fErrors,
 		c.fCookiePassed, c.fCookieInvalid,
 		c.lPackets, c.lExempt, c.lLimited, c.lLimit,
-		c.tAccepted, c.tRefused, c.tOpen, c.tClients,
+		c.tAccepted, c.tRefused, c.tAcceptErrors, c.tOpen, c.tClients, c.tMax,
 	} {
 		ch <- d
 	}
@@ -190,10 +203,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.hBadCookie, float64(st.SlippedBadCookie))
 		counter(c.hExempt, float64(st.CookieExempt))
 		counter(c.hLimited, float64(st.RequestsLimited))
-		if c.handler.cookies != nil {
+		if c.handler.Cookies() != nil {
 			for r, v := range st.Cookies {
-				counter(c.hCookies, float64(v), CookieResult(r).String())
+				counter(c.hCookies, float64(v), rrl.CookieResult(r).String())
 			}
+		}
+		for r, v := range st.Malformed {
+			counter(c.hMalformed, float64(v), rrl.MalformedReason(r).String())
 		}
 	}
 	if c.filter != nil {
@@ -212,9 +228,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if c.tcp != nil {
 		st := c.tcp.Stats()
 		counter(c.tAccepted, float64(st.Accepted))
-		counter(c.tRefused, float64(st.Refused))
+		counter(c.tRefused, float64(st.Refused), "client-limit")
+		counter(c.tRefused, float64(st.Evicted), "total-limit")
+		counter(c.tAcceptErrors, float64(st.AcceptErrors[0]), "descriptors")
+		counter(c.tAcceptErrors, float64(st.AcceptErrors[1]), "memory")
 		gauge(c.tOpen, float64(st.Open))
 		gauge(c.tClients, float64(st.Clients))
+		gauge(c.tMax, float64(c.tcp.MaxConns()))
 	}
 }
 
@@ -224,14 +244,14 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 		ch <- prometheus.NewInvalidMetric(c.fPackets, err)
 		return
 	}
-	for _, m := range []FilterMode{ModeClassic, ModeEBPF} {
+	for _, m := range []rrl.FilterMode{rrl.ModeClassic, rrl.ModeEBPF} {
 		v := 0.0
 		if st.Mode == m {
 			v = 1
 		}
 		gauge(c.fMode, v, m.String())
 	}
-	if st.Mode != ModeEBPF {
+	if st.Mode != rrl.ModeEBPF {
 		return
 	}
 	counter(c.fPackets, float64(st.Seen))
