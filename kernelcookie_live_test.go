@@ -104,7 +104,7 @@ func (p *cookieProbe) expect(step string, cookie []byte, want kernelVerdict) {
 	}
 }
 
-func listenUDP(t *testing.T, network, addr string) *net.UDPConn {
+func listenUDPAt(t *testing.T, network, addr string) *net.UDPConn {
 	t.Helper()
 	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
 	if err != nil {
@@ -119,7 +119,7 @@ func listenUDP(t *testing.T, network, addr string) *net.UDPConn {
 // Update and UseCookies(nil) change its verdicts as they change Verify's.
 func TestUseCookiesFollowsCookies(t *testing.T) {
 	requireBPF(t)
-	server := listenUDP(t, "udp4", "127.0.0.1:0")
+	server := listenUDPAt(t, "udp4", "127.0.0.1:0")
 	f, err := Attach(server, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +188,7 @@ func TestUseCookiesFollowsCookies(t *testing.T) {
 // its IPv4 address and an IPv6 client's for its IPv6 address, as Cookies does.
 func TestUseCookiesDualStack(t *testing.T) {
 	requireBPF(t)
-	server := listenUDP(t, "udp", "[::]:0")
+	server := listenUDPAt(t, "udp", "[::]:0")
 	f, err := Attach(server, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -249,7 +249,7 @@ func TestPinnedCookieSecrets(t *testing.T) {
 	}
 
 	// A filter opened by root after the owner exited still proves those cookies.
-	server := listenUDP(t, "udp4", "127.0.0.1:0")
+	server := listenUDPAt(t, "udp4", "127.0.0.1:0")
 	f, err := AttachPinned(server, dir)
 	if err != nil {
 		t.Fatal(err)
@@ -403,31 +403,6 @@ func limitedLikeFlood(t *testing.T, run *liveRun) {
 	if run.filter.CookieInvalid == 0 || run.filter.CookiePassed != 0 {
 		t.Errorf("cookies counted %d invalid, %d passed; want invalid ones only", run.filter.CookieInvalid, run.filter.CookiePassed)
 	}
-}
-
-// TestCollectorFilterCookies: the collector exports the filter's cookie counters.
-func TestCollectorFilterCookies(t *testing.T) {
-	requireBPF(t)
-	server := listenUDP(t, "udp4", "127.0.0.1:0")
-	f, err := Attach(server, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	c := NewCookies(testSecretA)
-	if err := f.UseCookies(c); err != nil {
-		t.Fatal(err)
-	}
-	p := newCookieProbe(t, f, server, "udp4", "127.0.0.1")
-	client := []byte("metricsc")
-	for range 3 {
-		p.expect("valid", c.Generate(client, p.addr(), time.Now()), verdictProven)
-	}
-	p.expect("invalid", NewCookies(testSecretB).Generate(client, p.addr(), time.Now()), verdictInvalid)
-	checkSeries(t, NewCollector("dns", nil, CollectFilter(f)), map[string]float64{
-		"dns_filter_cookie_passed_total":  3,
-		"dns_filter_cookie_invalid_total": 1,
-	})
 }
 
 // TestProtectResolverLearnsCookie: through Protect, a resolver inside a network under
