@@ -37,10 +37,11 @@ type testObjects struct {
 	Counters   *ebpf.Map     `ebpf:"rrl_counters"`
 	Exempt4    *ebpf.Map     `ebpf:"rrl_exempt4"`
 	Exempt6    *ebpf.Map     `ebpf:"rrl_exempt6"`
+	Secrets    *ebpf.Map     `ebpf:"rrl_cookie_secrets"`
 }
 
 func (o *testObjects) Close() {
-	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6} {
+	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Secrets} {
 		c.Close()
 	}
 }

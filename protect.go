@@ -64,6 +64,9 @@ type Status struct {
 	Requests RequestLimiting // where the request limits (requests-per-second, ...) apply
 	Reason   error           // why the eBPF filter is not in force; nil when it is
 	Pinned   string          // the pin directory the filter came from, or ""
+	// KernelCookies: the eBPF filter verifies the Handler's server cookies
+	// (Filter.UseCookies), so proven queries escape the limits they share.
+	KernelCookies bool
 }
 
 // String is one line for a server's log, e.g. "kernel filter: ebpf; request
@@ -74,6 +77,9 @@ func (s Status) String() string {
 		msg += " (pinned at " + s.Pinned + ")"
 	}
 	msg += "; request limits " + s.Requests.String()
+	if s.KernelCookies {
+		msg += "; server cookies verified in the kernel"
+	}
 	if s.Reason != nil {
 		msg += "; eBPF filter not in force: " + s.Reason.Error()
 	}
@@ -160,6 +166,11 @@ func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOpt
 			p.cookies = NewCookies(secret)
 		}
 		hopts = append(hopts, WithCookies(p.cookies))
+		if p.status.Filter == ModeEBPF {
+			// A pinned filter whose secrets this process may not write judges
+			// every query as without a cookie, as before.
+			p.status.KernelCookies = p.filter.UseCookies(p.cookies) == nil
+		}
 	}
 	if p.limiter != nil {
 		hopts = append(hopts, WithLimiter(p.limiter))
