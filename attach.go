@@ -22,7 +22,7 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 6
+const layoutVersion = 7
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -43,6 +43,7 @@ type Filter struct {
 	objs    *kernelObjects
 	sockets []attachedSocket // sockets attached, checked against socketOwners
 	pin     *pinState        // opened from pins (pin.go): Close leaves the pins in place
+	cookies *kernelCookies   // the secrets of UseCookies (kernelcookie.go)
 }
 
 // kernelObjects are the program and maps production loads: test-only programs and
@@ -54,11 +55,15 @@ type kernelObjects struct {
 	Counters *ebpf.Map     `ebpf:"rrl_counters"`
 	Exempt4  *ebpf.Map     `ebpf:"rrl_exempt4"`
 	Exempt6  *ebpf.Map     `ebpf:"rrl_exempt6"`
+	// The server cookie secrets (kernelcookie.go); nil for a pinned filter opened
+	// without write access to them. The lookup's per-CPU scratch map is only the
+	// program's: the loader creates it, and the program holds it.
+	CookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
 }
 
 func (o *kernelObjects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6} {
+	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
@@ -319,6 +324,7 @@ func (f *Filter) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
+	f.stopCookies()
 	for _, s := range f.sockets {
 		if !f.owns(s) {
 			continue

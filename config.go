@@ -49,7 +49,7 @@ import (
 // The client-network level (ipv4-prefix-length, ipv6-prefix-length) is always a level
 // at factor 1 unless the list names that prefix length with another factor. At most
 // five levels per family besides /0. A factor of 0 turns a level off.
-// reflection-ports defaults to DefaultReflectionPorts.
+// reflection-ports defaults to DefaultReflectionPorts().
 //
 // Every rate is a decimal number of events per second (0 to 10,000,000). A value that
 // cannot be parsed or is out of range gives an error naming the keyword and the value,
@@ -81,7 +81,9 @@ type Config struct {
 	totalRequests    float64
 	reflectionPorts  []uint16
 
-	nowFunc func() time.Time
+	nowFunc         func() time.Time
+	eventFunc       func(LimitEvent)
+	eventsPerSecond int // 0: defaultEventsPerSecond
 }
 
 // RequestLevel is one source prefix level of the request limiter: sources are grouped
@@ -92,11 +94,15 @@ type RequestLevel struct {
 	Factor    float64
 }
 
-// DefaultReflectionPorts are the UDP source ports of services whose responses are used
-// in reflection attacks (and port 0, which no real client uses): packets from them can
-// never be queries, so the filters drop them before any rate accounting.
-// chargen 19, NTP 123, SNMP 161, CLDAP 389, SSDP 1900, memcached 11211.
-var DefaultReflectionPorts = []uint16{0, 19, 123, 161, 389, 1900, 11211}
+// DefaultReflectionPorts returns a new slice of the UDP source ports of services whose
+// responses are used in reflection attacks (and port 0, which no real client uses):
+// packets from them can never be queries, so the filters drop them before any rate
+// accounting. chargen 19, NTP 123, SNMP 161, CLDAP 389, SSDP 1900, memcached 11211.
+// The caller owns the slice: changing it changes no Config and no filter.
+func DefaultReflectionPorts() []uint16 { return slices.Clone(defaultReflectionPorts[:]) }
+
+// defaultReflectionPorts is an array, not a slice, so nothing can change it.
+var defaultReflectionPorts = [...]uint16{0, 19, 123, 161, 389, 1900, 11211}
 
 const (
 	maxRate         = 10_000_000
@@ -116,7 +122,7 @@ func NewConfig() *Config {
 		ipv4Levels:       []RequestLevel{{32, 1}, {16, 16}},
 		ipv6Levels:       []RequestLevel{{128, 1}, {64, 1}, {48, 4}},
 		sourcePortFactor: 1,
-		reflectionPorts:  slices.Clone(DefaultReflectionPorts),
+		reflectionPorts:  DefaultReflectionPorts(),
 	}
 }
 
@@ -274,6 +280,25 @@ func (c *Config) SetValue(keyword, value string) error {
 
 // SetNowFunc replaces the clock the RRL reads (time.Now by default); for tests.
 func (c *Config) SetNowFunc(now func() time.Time) { c.nowFunc = now }
+
+// SetEventFunc has the RRL and Limiter made from c report limiting events to fn (see
+// LimitEvent; SlogEvents logs them); nil, the default, turns events off. fn is called
+// in the goroutine of a Debit, Allow or Update call, outside the limiter's locks, so it
+// should be quick; it may call the limiter.
+func (c *Config) SetEventFunc(fn func(LimitEvent)) { c.eventFunc = fn }
+
+// SetEventsPerSecond bounds the limiting events reported in each second of the clock
+// to n (at least 1; default 10); the others are counted and the count reported in the
+// next event.
+func (c *Config) SetEventsPerSecond(n int) { c.eventsPerSecond = max(n, 1) }
+
+// eventsPerSec is the events-per-second bound in force.
+func (c *Config) eventsPerSec() int {
+	if c.eventsPerSecond == 0 {
+		return defaultEventsPerSecond
+	}
+	return c.eventsPerSecond
+}
 
 // IsActive reports whether the Config limits anything: some allowance, requests
 // limit or capacity is non-zero.

@@ -172,3 +172,35 @@ func TestReflectionPortsLimit(t *testing.T) {
 		t.Fatalf("a refused value changed the list to %d ports", len(cfg.reflectionPorts))
 	}
 }
+
+// TestDefaultReflectionPortsImmutable: a caller that changes the slice
+// DefaultReflectionPorts returns changes neither later results, nor new Configs, nor
+// the classic program built without a Config.
+func TestDefaultReflectionPortsImmutable(t *testing.T) {
+	want := []uint16{0, 19, 123, 161, 389, 1900, 11211}
+	prog, err := classicProgram(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := DefaultReflectionPorts()
+	if !slices.Equal(p, want) {
+		t.Fatalf("DefaultReflectionPorts() = %v, want %v", p, want)
+	}
+	for i := range p {
+		p[i] = 53 // a caller "adding DNS" by overwriting would drop every query
+	}
+	_ = append(p[:0], 53)
+	if got := DefaultReflectionPorts(); !slices.Equal(got, want) {
+		t.Errorf("after a caller's change DefaultReflectionPorts() = %v, want %v", got, want)
+	}
+	if got := NewConfig().reflectionPorts; !slices.Equal(got, want) {
+		t.Errorf("after a caller's change NewConfig reflection ports = %v, want %v", got, want)
+	}
+	after, err := classicProgram(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(after, prog) {
+		t.Error("after a caller's change the classic program differs")
+	}
+}

@@ -5,6 +5,7 @@ package rrl
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 
 	"github.com/cilium/ebpf"
@@ -96,7 +97,8 @@ func sockoptError(op string, err error) error {
 // with cilium/ebpf, or from opening pinned objects. A verifier rejection is returned
 // as it is, wrapped with op: the verifier answers EACCES for a program it deems
 // unsafe, which is a bug to report and not a missing privilege. Otherwise EPERM and
-// EACCES are ErrNotPermitted (with the hint how to grant it); ebpf.ErrNotSupported,
+// EACCES are ErrNotPermitted (with the hint how to grant it, and without
+// cilium/ebpf's guess at RLIMIT_MEMLOCK); ebpf.ErrNotSupported,
 // ENOTSUPP, EOPNOTSUPP and ENOSYS are ErrNotSupported; other errors are wrapped with
 // op only.
 func loadError(op string, err error) error {
@@ -107,10 +109,47 @@ func loadError(op string, err error) error {
 	case errors.As(err, &verr):
 		return fmt.Errorf("%s: %w", op, err)
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		return permissionError(op, err)
+		return permissionError(op, withoutMemlockHint(err))
 	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, enotsupp),
 		errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ENOSYS):
 		return notSupportedError(op, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// memlockHint is what cilium/ebpf adds to EPERM from creating a map or loading a
+// program, guessing at RLIMIT_MEMLOCK. It is not the cause here: the package lifts
+// that limit before loading and kernels since 5.11 do not charge it, so a refusal
+// that reaches loadError is the missing privilege, and the guess would send the
+// reader after the wrong fix.
+const memlockHint = " (MEMLOCK may be too low"
+
+// hintlessError is an error whose message has cilium/ebpf's MEMLOCK hint removed;
+// it unwraps to the original.
+type hintlessError struct {
+	msg string
+	err error
+}
+
+func (e *hintlessError) Error() string { return e.msg }
+func (e *hintlessError) Unwrap() error { return e.err }
+
+// withoutMemlockHint returns err with every "(MEMLOCK may be too low...)" removed
+// from its message, unchanged if there is none.
+func withoutMemlockHint(err error) error {
+	msg := err.Error()
+	if !strings.Contains(msg, memlockHint) {
+		return err
+	}
+	for {
+		i := strings.Index(msg, memlockHint)
+		if i < 0 {
+			return &hintlessError{msg: msg, err: err}
+		}
+		j := strings.IndexByte(msg[i:], ')')
+		if j < 0 {
+			j = len(msg) - i - 1
+		}
+		msg = msg[:i] + msg[i+j+1:]
+	}
 }

@@ -3,6 +3,7 @@ package rrl
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"syscall"
@@ -179,4 +180,52 @@ func ExampleErrNotPermitted() {
 	err := fmt.Errorf("rrl: attach: %w", permissionError("load eBPF program", unix.EPERM))
 	fmt.Println(errors.Is(err, ErrNotPermitted), errors.Is(err, unix.EPERM), errors.Is(err, ErrOptMem))
 	// Output: true true false
+}
+
+// TestLoadErrorWithoutMemlockHint: a refusal to create a map or load a program, as
+// cilium/ebpf words it, is ErrNotPermitted naming the missing privilege, without the
+// RLIMIT_MEMLOCK guess, and still matches EPERM.
+func TestLoadErrorWithoutMemlockHint(t *testing.T) {
+	for _, cause := range []error{
+		fmt.Errorf("field Program: program rrl_filter: map rrl_counters: map create: %w (MEMLOCK may be too low, consider rlimit.RemoveMemlock)", unix.EPERM),
+		fmt.Errorf("program rrl_filter: load program: %w (MEMLOCK may be too low, consider rlimit.RemoveMemlock)", unix.EPERM),
+		fmt.Errorf("map create: %w", unix.EACCES),
+	} {
+		err := loadError("rrl: load eBPF filter", cause)
+		if !errors.Is(err, ErrNotPermitted) || !errors.Is(err, cause) || !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EACCES) {
+			t.Errorf("loadError(%q) = %v: not ErrNotPermitted wrapping the cause", cause, err)
+		}
+		if msg := err.Error(); strings.Contains(msg, "MEMLOCK") || !strings.Contains(msg, "CAP_BPF") ||
+			!strings.Contains(msg, "rrl_filter") && !strings.Contains(msg, "map create") {
+			t.Errorf("loadError(%q) says %q: want the context and CAP_BPF, no MEMLOCK", cause, msg)
+		}
+	}
+}
+
+// TestAttachUnprivilegedNamesOnlyPrivilege runs Attach as an unprivileged process:
+// the error names the missing privilege and not RLIMIT_MEMLOCK, which is not the
+// cause.
+func TestAttachUnprivilegedNamesOnlyPrivilege(t *testing.T) {
+	if !isUnprivilegedChild() {
+		requireBPF(t)
+		runUnprivileged(t, "TestAttachUnprivilegedNamesOnlyPrivilege")
+		return
+	}
+	checkUnprivileged(t)
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	f, err := Attach(conn, NewConfig())
+	if f != nil {
+		defer f.Close()
+	}
+	if !errors.Is(err, ErrNotPermitted) || !errors.Is(err, unix.EPERM) {
+		t.Fatalf("unprivileged Attach: err %v, want ErrNotPermitted and EPERM", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "MEMLOCK") || !strings.Contains(msg, "CAP_BPF") {
+		t.Errorf("unprivileged Attach says %q: want CAP_BPF named and no MEMLOCK hint", msg)
+	}
+	t.Logf("Attach said: %v", err)
 }

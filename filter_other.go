@@ -62,5 +62,8 @@ func (f *Filter) HeavyCells(n int) ([]SketchCell, error) { return nil, errNotLin
 // GroupRates returns an error matching ErrNotSupported.
 func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return nil, errNotLinux }
 
+// UseCookies returns an error matching ErrNotSupported.
+func (f *Filter) UseCookies(c *Cookies) error { return errNotLinux }
+
 // AttachLocal returns an error matching ErrNotSupported: socket filters need Linux.
 func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) { return nil, errNotLinux }

@@ -18,8 +18,9 @@ import (
 // callers never leave them):
 //   - FixedFromInt: n < 2^32.
 //   - FixedFromRatio: num < 2^32, den > 0.
-//   - Mul: the exact product a*b/2^32 < 2^32 (for example a rate below 2^32 times a
-//     probability or decay factor of at most 1).
+//   - Mul: the exact product a*b/2^32 < 2^32; a larger product saturates to FixedMax.
+//     The kernel's fp_mul wraps instead; its callers cannot leave the range (a rate
+//     estimate passes 2^32 only beyond six billion packets a second).
 //   - Div: b > 0 and a/b < 2^32; otherwise Div saturates to FixedMax.
 //   - FixedFromNanos: durations below 2^32 seconds (136 years); longer ones wrap.
 //   - Add and Sub saturate at FixedMax and 0.
@@ -80,10 +81,14 @@ func (f Fixed) Int() uint64 { return uint64(f) >> FixedFracBits }
 // Frac returns the fraction part of f.
 func (f Fixed) Frac() Fixed { return f & (FixedOne - 1) }
 
-// Mul returns f*g truncated. It equals the C fp_mul, which computes the same bits
-// from four 32x32-bit partial products because BPF has no 128-bit multiply.
+// Mul returns f*g truncated, saturating at FixedMax. Where the product fits it equals
+// the C fp_mul, which computes the same bits from four 32x32-bit partial products
+// because BPF has no 128-bit multiply.
 func (f Fixed) Mul(g Fixed) Fixed {
 	hi, lo := bits.Mul64(uint64(f), uint64(g))
+	if hi>>(64-FixedFracBits) != 0 {
+		return FixedMax
+	}
 	return Fixed(hi<<(64-FixedFracBits) | lo>>FixedFracBits)
 }
 

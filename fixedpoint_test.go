@@ -18,13 +18,21 @@ var (
 
 func bu(x uint64) *big.Int { return new(big.Int).SetUint64(x) }
 
-// refMul is floor(a*b/2^32) and whether the documented range (result < 2^64) holds.
+// refMul is floor(a*b/2^32) and whether it fits (result < 2^64).
 func refMul(a, b Fixed) (Fixed, bool) {
 	p := new(big.Int).Mul(bu(uint64(a)), bu(uint64(b)))
 	if p.Cmp(bigTwo96) >= 0 {
 		return 0, false
 	}
 	return Fixed(p.Rsh(p, 32).Uint64()), true
+}
+
+// refMulSat is floor(a*b/2^32), or FixedMax when that does not fit.
+func refMulSat(a, b Fixed) Fixed {
+	if p, ok := refMul(a, b); ok {
+		return p
+	}
+	return FixedMax
 }
 
 // refDiv is floor(a*2^32/b), or FixedMax when b is 0 or the quotient is 2^64 or more.
@@ -93,11 +101,7 @@ var fixedEdges = []Fixed{
 func TestFixedMulTable(t *testing.T) {
 	for _, a := range fixedEdges {
 		for _, b := range fixedEdges {
-			want, ok := refMul(a, b)
-			if !ok {
-				continue
-			}
-			if got := a.Mul(b); got != want {
+			if got, want := a.Mul(b), refMulSat(a, b); got != want {
 				t.Errorf("%#x.Mul(%#x) = %#x, want %#x", uint64(a), uint64(b), uint64(got), uint64(want))
 			}
 		}
@@ -111,6 +115,13 @@ func TestFixedMulTable(t *testing.T) {
 		{FixedMax, FixedOne, FixedMax}, // times one is the identity
 		{FixedMax, 1, FixedMax >> 32},  // times one ulp: shifts
 		{FixedFromInt(1 << 31), 2*FixedOne - 2, FixedFromInt(1<<32 - 1)}, // (2^31)(2-2^-31) = 2^32-1
+		// Products of 2^32 and more saturate, as MulInt does, instead of wrapping.
+		{FixedFromInt(1 << 31), 2 * FixedOne, FixedMax},          // exactly 2^32
+		{FixedFromInt(1 << 16), FixedFromInt(1 << 16), FixedMax}, // 2^32 again
+		{FixedMax, FixedMax, FixedMax},
+		{FixedMax, FixedOne + 1, FixedMax},                                 // just over the identity
+		{FixedFromInt(3601), FixedFromInt(1 << 31), FixedMax},              // largest cost times largest qps-scale factor
+		{FixedFromInt(1 << 30), FixedFromInt(4) - 1, FixedMax - 1<<30 + 1}, // 2^32 - 1/4 fits
 	} {
 		if got := c.a.Mul(c.b); got != c.want {
 			t.Errorf("%#x.Mul(%#x) = %#x, want %#x", uint64(c.a), uint64(c.b), uint64(got), uint64(c.want))
@@ -239,10 +250,8 @@ func TestFixedRandom(t *testing.T) {
 
 func checkFixedOps(t *testing.T, a, b Fixed) {
 	t.Helper()
-	if want, ok := refMul(a, b); ok {
-		if got := a.Mul(b); got != want {
-			t.Errorf("%#x.Mul(%#x) = %#x, want %#x", uint64(a), uint64(b), uint64(got), uint64(want))
-		}
+	if got, want := a.Mul(b), refMulSat(a, b); got != want {
+		t.Errorf("%#x.Mul(%#x) = %#x, want %#x", uint64(a), uint64(b), uint64(got), uint64(want))
 	}
 	if got, want := a.Div(b), refDiv(a, b); got != want {
 		t.Errorf("%#x.Div(%#x) = %#x, want %#x", uint64(a), uint64(b), uint64(got), uint64(want))

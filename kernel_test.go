@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -36,10 +37,11 @@ type testObjects struct {
 	Counters   *ebpf.Map     `ebpf:"rrl_counters"`
 	Exempt4    *ebpf.Map     `ebpf:"rrl_exempt4"`
 	Exempt6    *ebpf.Map     `ebpf:"rrl_exempt6"`
+	Secrets    *ebpf.Map     `ebpf:"rrl_cookie_secrets"`
 }
 
 func (o *testObjects) Close() {
-	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6} {
+	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Secrets} {
 		c.Close()
 	}
 }
@@ -103,13 +105,13 @@ func TestKernelFixedPointMatchesGo(t *testing.T) {
 			name      string
 			got, want uint64
 		}{
-			{"mul", out.Mul, uint64(fa.Mul(fb))},
+			{"mul", out.Mul, uint64(kernelMul(fa, fb))},
 			{"mul_frac", out.MulFrac, uint64(fa.Mul(fb & 0xffffffff))},
 			{"div", out.Div, uint64(fa.Div(fb))},
 			{"add", out.Add, uint64(fa.Add(fb))},
 			{"sub", out.Sub, uint64(fa.Sub(fb))},
 			{"decay", out.Decay, uint64(decayFactor(a))},
-			{"rate", out.Rate, uint64(arrivalRate(fa))},
+			{"rate", out.Rate, uint64(kernelMul(fa.Sub(FixedHalf), rateScale))},
 			{"hash", out.Hash, sketchHash(a, b, a^b)},
 		}
 		for _, c := range checks {
@@ -117,7 +119,21 @@ func TestKernelFixedPointMatchesGo(t *testing.T) {
 				t.Fatalf("%s(%#x, %#x): kernel %#x, Go %#x", c.name, a, b, c.got, c.want)
 			}
 		}
+		// Where the products fit, the kernel's results are Mul's and arrivalRate's.
+		if _, ok := refMul(fa, fb); ok && out.Mul != uint64(fa.Mul(fb)) {
+			t.Fatalf("mul(%#x, %#x): kernel %#x, Mul %#x", a, b, out.Mul, uint64(fa.Mul(fb)))
+		}
+		if _, ok := refMul(fa.Sub(FixedHalf), rateScale); ok && out.Rate != uint64(arrivalRate(fa)) {
+			t.Fatalf("rate(%#x): kernel %#x, arrivalRate %#x", a, out.Rate, uint64(arrivalRate(fa)))
+		}
 	}
+}
+
+// kernelMul is fp_mul: floor(a*b/2^32) modulo 2^64. It is Fixed.Mul where the
+// product fits; beyond, Mul saturates and fp_mul wraps (its callers stay within).
+func kernelMul(a, b Fixed) Fixed {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	return Fixed(hi<<32 | lo>>32)
 }
 
 // TestLayoutVersionMatchesProgram: the version the Go side writes into the settings
@@ -158,7 +174,7 @@ func TestKernelReflectionPortsAllPorts(t *testing.T) {
 		name  string
 		ports []uint16
 	}{
-		{"default", DefaultReflectionPorts},
+		{"default", DefaultReflectionPorts()},
 		{"empty", nil},
 		{"only 65535", []uint16{65535}},
 		{"64 spread", spread},

@@ -18,13 +18,15 @@ package rrl
 //	              entry per settings slot
 //	rrl_counters  per-CPU counters                      0440
 //	rrl_cells     the sketches                          0440
+//	rrl_cookie_secrets  server cookie secrets (UseCookies) 0220
 //
 // Every object is owned by the uid and gid given to LoadPinned, so that user (and
 // group) can attach, read statistics and the sketches, and reconfigure the filter
 // with Update; nobody else can open anything. Without a gid (-1) the group bits are
 // cleared: root's group gets nothing. Attaching needs only read access to the
 // program; counters and sketches are read-only even for the owner, as only the
-// kernel program writes them. A directory LoadPinned
+// kernel program writes them. The cookie secrets are write-only even for the owner
+// (opened with BPF_F_WRONLY), so no unprivileged process can read them. A directory LoadPinned
 // creates is mode 0711 and stays owned by its creator: anyone may traverse it, nobody
 // but root may list it or remove pins from it.
 //
@@ -61,6 +63,8 @@ const (
 	pinConfig   = "rrl_config"
 	pinCounters = "rrl_counters"
 	pinCells    = "rrl_cells"
+
+	pinCookieSecrets = "rrl_cookie_secrets"
 )
 
 // pinModes are the file modes of the pins (see the top of this file).
@@ -72,10 +76,12 @@ var pinModes = map[string]os.FileMode{
 	pinConfig:   0o660,
 	pinCounters: 0o440,
 	pinCells:    0o440,
+
+	pinCookieSecrets: 0o220,
 }
 
 // pinOrder lists the pins in the order LoadPinned creates them.
-var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinConfig, pinProgram}
+var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinConfig, pinCookieSecrets, pinProgram}
 
 const (
 	// configValueSize bounds the stored Config text: room for 2,048 exempt prefixes
@@ -157,6 +163,7 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 	objects := map[string]interface{ Pin(string) error }{
 		pinProgram: objs.Program, pinSettings: objs.Settings, pinExempt4: objs.Exempt4,
 		pinExempt6: objs.Exempt6, pinConfig: cm, pinCounters: objs.Counters, pinCells: objs.Cells,
+		pinCookieSecrets: objs.CookieSecrets,
 	}
 	var pinned []string
 	defer func() {
@@ -357,6 +364,9 @@ func OpenPinned(pinDir string) (*Filter, error) {
 		if err := m.spec.Compatible(*m.dst); err != nil {
 			return fail(fmt.Errorf("rrl: %s: %w: %w", path, ErrLayoutMismatch, err))
 		}
+	}
+	if err := openCookieSecrets(objs, spec, pinDir); err != nil {
+		return fail(err)
 	}
 	path := filepath.Join(pinDir, pinProgram)
 	// Attaching needs only read access to the program's pin; kernels that refuse a

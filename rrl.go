@@ -27,9 +27,32 @@ import (
 // An RRL is safe for concurrent use by many goroutines. Debit takes no lock shared
 // by all accounts: debiting an existing account locks that account alone, and
 // statistics are counted per processor, so calls for different client networks
-// proceed in parallel. Create it
-// with New or NewRRL; the zero value is not usable.
+// proceed in parallel. Update changes the settings while Debit calls go on, keeping
+// the accounts. With Config.SetEventFunc it reports when it starts and stops limiting
+// an account (LimitEvent; see rrlevents.go for when). Create it with New or NewRRL;
+// the zero value is not usable.
 type RRL struct {
+	state atomic.Pointer[rrlState] // settings and table, replaced by Update
+
+	scaleSec   atomic.Int64  // the second whose rate scale was computed for
+	scale      atomic.Uint64 // Fixed factor >= 1 applied to response costs
+	seed       uint64        // keys account and name hashes
+	nowFunc    func() time.Time
+	epoch      time.Time     // nowFunc's reading at New
+	epochNanos int64         // coarse clock reading at New
+	last       atomic.Uint64 // latest Fixed time read: the clock never runs backwards
+	stripes    stripes       // per-P statistics and query counts
+	tracker    *eventTracker // the events tracker, kept across Updates (under updateMu)
+
+	updateMu  sync.Mutex // serialises Update
+	statsMu   sync.Mutex
+	statsBase Stats // the counts at the last GetStats(true)
+	oldEvicts int64 // evictions of tables Update replaced
+}
+
+// rrlState is what a Config sets and the account table, swapped as a whole by
+// Update so that Debit reads one consistent set with one atomic load and no lock.
+type rrlState struct {
 	costs     [AllowanceLast]Fixed // per category; 0 disables it
 	reqCost   Fixed                // requests-per-second; 0 disables it
 	allCost   Fixed                // all-per-second; 0 disables it
@@ -39,23 +62,18 @@ type RRL struct {
 	v4Mask    uint32
 	v6MaskHi  uint64
 	v6MaskLo  uint64
-	exempt    []netip.Prefix
+	exempt    prefixSet
 	report    bool
+	qpsScale  uint64 // queries per second; 0 disables qps-scale
 
-	qpsScale   uint64        // queries per second; 0 disables qps-scale
-	scaleSec   atomic.Int64  // the second whose rate scale was computed for
-	scale      atomic.Uint64 // Fixed factor >= 1 applied to response costs
-	seed       uint64        // keys account and name hashes
-	nowFunc    func() time.Time
-	epoch      time.Time // nowFunc's reading at New
-	epochNanos int64     // coarse clock reading at New
+	rates            [AllowanceLast]float64 // the allowances, for events
+	reqRate, allRate float64
+	v4Len, v6Len     int
+	tableSize        int
+	events           *eventTracker // limiting events; nil when the Config sets no EventFunc
+
 	shardShift uint
 	shards     []shard
-	last       atomic.Uint64 // latest Fixed time read: the clock never runs backwards
-	stripes    stripes       // per-P statistics and query counts
-
-	statsMu   sync.Mutex
-	statsBase Stats // the counts at the last GetStats(true)
 }
 
 // clockOffset is added to every time so that zero times, which run up to maxCost
@@ -119,50 +137,71 @@ func New(cfg *Config) (*RRL, error) {
 		return nil, err
 	}
 	r := &RRL{
-		window:    FixedFromInt(uint64(cfg.window)),
-		slipRatio: uint64(cfg.slipRatio),
-		v4Mask:    ^uint32(0) << (32 - cfg.ipv4PrefixLength),
-		report:    cfg.reportOnly,
-		exempt:    append([]netip.Prefix(nil), cfg.exempt...),
-		qpsScale:  uint64(math.Ceil(cfg.qpsScale)),
-		seed:      rand.Uint64(),
-		nowFunc:   cfg.nowFunc,
+		seed:    rand.Uint64(),
+		nowFunc: cfg.nowFunc,
 	}
-	r.maxCost = r.window + FixedOne
-	r.v6MaskHi, r.v6MaskLo = prefixMask128(cfg.ipv6PrefixLength)
-	for cat := range AllowanceLast {
-		r.costs[cat] = r.costOf(cfg.allowance(cat))
-	}
-	r.reqCost = r.costOf(cfg.requestsPerSecond)
-	r.allCost = r.costOf(cfg.allPerSecond)
+	st := newState(cfg)
+	st.newTable(cfg.maxTableSize)
+	r.tracker = newEventTracker(cfg)
+	st.events = r.tracker
+	r.state.Store(st)
 	r.scale.Store(uint64(FixedOne))
 	if r.nowFunc != nil {
 		r.epoch = r.nowFunc()
 	} else {
 		r.epochNanos = coarseNanos()
 	}
-
-	n := 1
-	for n < maxShards && cfg.maxTableSize/(2*n) >= minShardAccounts {
-		n *= 2
-	}
-	r.shards = make([]shard, n)
-	per := cfg.maxTableSize / n
-	for i := range r.shards {
-		r.shards[i].init(per)
-	}
-	if m := r.shards[0].maxSlots; uint64(m)*uint64(n)*uint64(unsafe.Sizeof(entry{})) <= preallocBytes {
-		// One allocation for all shards, so that large tables can sit on huge pages.
-		all := make([]entry, m*n)
-		adviseHugePages(unsafe.Pointer(unsafe.SliceData(all)), len(all)*int(unsafe.Sizeof(entry{})))
-		for i := range r.shards {
-			r.shards[i].setSlots(all[i*m : (i+1)*m : (i+1)*m])
-		}
-	}
-	r.shardShift = uint(64 - bitsLen(n))
 	r.stripes.init()
 	r.last.Store(uint64(clockOffset))
 	return r, nil
+}
+
+// newState returns the settings of cfg, a valid Config, without a table.
+func newState(cfg *Config) *rrlState {
+	st := &rrlState{
+		window:    FixedFromInt(uint64(cfg.window)),
+		slipRatio: uint64(cfg.slipRatio),
+		v4Mask:    ^uint32(0) << (32 - cfg.ipv4PrefixLength),
+		report:    cfg.reportOnly,
+		exempt:    newPrefixSet(cfg.exempt),
+		qpsScale:  uint64(math.Ceil(cfg.qpsScale)),
+		v4Len:     cfg.ipv4PrefixLength,
+		v6Len:     cfg.ipv6PrefixLength,
+		tableSize: cfg.maxTableSize,
+		reqRate:   cfg.requestsPerSecond,
+		allRate:   cfg.allPerSecond,
+	}
+	st.maxCost = st.window + FixedOne
+	st.v6MaskHi, st.v6MaskLo = prefixMask128(cfg.ipv6PrefixLength)
+	for cat := range AllowanceLast {
+		st.rates[cat] = cfg.allowance(cat)
+		st.costs[cat] = st.costOf(st.rates[cat])
+	}
+	st.reqCost = st.costOf(cfg.requestsPerSecond)
+	st.allCost = st.costOf(cfg.allPerSecond)
+	return st
+}
+
+// newTable gives st an empty account table for size accounts.
+func (st *rrlState) newTable(size int) {
+	n := 1
+	for n < maxShards && size/(2*n) >= minShardAccounts {
+		n *= 2
+	}
+	st.shards = make([]shard, n)
+	per := size / n
+	for i := range st.shards {
+		st.shards[i].init(per)
+	}
+	if m := st.shards[0].maxSlots; uint64(m)*uint64(n)*uint64(unsafe.Sizeof(entry{})) <= preallocBytes {
+		// One allocation for all shards, so that large tables can sit on huge pages.
+		all := make([]entry, m*n)
+		adviseHugePages(unsafe.Pointer(unsafe.SliceData(all)), len(all)*int(unsafe.Sizeof(entry{})))
+		for i := range st.shards {
+			st.shards[i].setSlots(all[i*m : (i+1)*m : (i+1)*m])
+		}
+	}
+	st.shardShift = uint(64 - bitsLen(n))
 }
 
 func bitsLen(n int) int {
@@ -201,14 +240,14 @@ func validate(cfg *Config) error {
 // costOf returns the cost of one debit at allowance a per second: 1/a seconds,
 // truncated so that a whole-number allowance n admits exactly n debits from one
 // second of credit; 0 for a disabled allowance.
-func (r *RRL) costOf(a float64) Fixed {
+func (st *rrlState) costOf(a float64) Fixed {
 	switch {
 	case !(a > 0):
 		return 0
 	case a == math.Trunc(a):
 		return max(FixedFromRatio(1, uint64(a)), 1)
 	}
-	return min(max(FixedFromFloat(1/a), 1), r.maxCost)
+	return min(max(FixedFromFloat(1/a), 1), st.maxCost)
 }
 
 // prefixMask128 returns the mask of an IPv6 prefix of length bits as two words.
@@ -227,16 +266,16 @@ type clientNet struct {
 }
 
 // network returns the client network of a, an unmapped address.
-func (r *RRL) network(a netip.Addr) clientNet {
+func (st *rrlState) network(a netip.Addr) clientNet {
 	switch {
 	case a.Is4():
 		b := a.As4()
-		return clientNet{0, uint64(binary.BigEndian.Uint32(b[:]) & r.v4Mask), 4}
+		return clientNet{0, uint64(binary.BigEndian.Uint32(b[:]) & st.v4Mask), 4}
 	case a.Is6():
 		b := a.As16()
 		return clientNet{
-			binary.BigEndian.Uint64(b[:8]) & r.v6MaskHi,
-			binary.BigEndian.Uint64(b[8:]) & r.v6MaskLo, 6}
+			binary.BigEndian.Uint64(b[:8]) & st.v6MaskHi,
+			binary.BigEndian.Uint64(b[8:]) & st.v6MaskLo, 6}
 	}
 	return clientNet{}
 }
@@ -255,7 +294,7 @@ func (r *RRL) network(a netip.Addr) clientNet {
 // account of the tuple's category limits (RTRateLimit) with Drop or Slip by
 // slip-ratio, unless the category's allowance is 0 (RTNotConfigured). In report-only
 // mode the action is always Send and the reasons and Stats tell what would have
-// happened. exempt-clients is searched in order, so it is meant for a few prefixes.
+// happened.
 func (r *RRL) Debit(src net.Addr, tuple *ResponseTuple) (Action, IPReason, RTReason) {
 	var ip net.IP
 	udp := false
@@ -334,40 +373,47 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	if tuple == nil {
 		tuple = &zeroTuple
 	}
+	p := r.state.Load()
 	cat := tuple.AllowanceCategory
 	addr = addr.Unmap() // zones are dropped by parseAddr and DebitAddrPort
-	cn := r.network(addr)
+	cn := p.network(addr)
 	netHash := mix64(mix64(r.seed^cn.hi) ^ cn.lo ^ cn.fam<<48)
-	s := &r.shards[netHash>>r.shardShift&uint64(len(r.shards)-1)]
-	for _, p := range r.exempt {
-		if p.Contains(addr) {
-			r.count(cat, Send, Send, IPExempt, RTNotReached)
-			return Send, IPExempt, RTNotReached
-		}
+	s := &p.shards[netHash>>p.shardShift&uint64(len(p.shards)-1)]
+	if !p.exempt.empty() && p.exempt.contains(addr) {
+		r.count(p.report, cat, Send, Send, IPExempt, RTNotReached)
+		return Send, IPExempt, RTNotReached
 	}
 	var cost Fixed
 	var respKey uint64
 	if cat < AllowanceLast {
-		cost = r.costs[cat]
+		cost = p.costs[cat]
 	}
 	if udp && cost != 0 {
 		respKey = r.responseKey(netHash, tuple)
 	}
 	now := r.clock(r.timeNow())
 	scale := FixedOne
-	if r.qpsScale != 0 {
+	if p.qpsScale != 0 {
 		sec := int64(now.Int())
 		st := r.stripes.own()
 		st.countQuery(sec)
 		r.stripes.done(st)
-		scale = r.rateScale(sec)
+		scale = r.rateScale(sec, p.qpsScale)
 	}
+	ev := p.events
+	var trans transition // limiting began or ended for an account: rare
 
 	act, ipr, rtr = Send, IPNotConfigured, RTNotReached
 	if !requests {
 		ipr = IPNotReached
-	} else if r.reqCost != 0 {
-		if limited, _ := s.debit(accountKey(netHash, kindRequest), now, r.reqCost, r.window, 0); limited {
+	} else if p.reqCost != 0 {
+		key := accountKey(netHash, kindRequest)
+		limited, _, t := s.debit(key, now, p.reqCost, p.window, 0, ev)
+		if t != 0 {
+			trans |= t
+			r.transition(p, s, key, t, now, cn, kindRequest, tuple, p.reqCost)
+		}
+		if limited {
 			act, ipr = Drop, IPRateLimit
 			goto done
 		}
@@ -377,8 +423,14 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		rtr = RTNotUDP
 		goto done
 	}
-	if r.allCost != 0 {
-		if limited, _ := s.debit(accountKey(netHash, kindAll), now, r.scaled(r.allCost, scale), r.window, 0); limited {
+	if p.allCost != 0 {
+		key, c := accountKey(netHash, kindAll), p.scaled(p.allCost, scale)
+		limited, _, t := s.debit(key, now, c, p.window, 0, ev)
+		if t != 0 {
+			trans |= t
+			r.transition(p, s, key, t, now, cn, kindAll, tuple, c)
+		}
+		if limited {
 			act, ipr = Drop, IPAllRateLimit
 			goto done
 		}
@@ -388,19 +440,29 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		goto done
 	}
 	rtr = RTOk
-	if limited, slipped := s.debit(respKey, now, r.scaled(cost, scale), r.window, r.slipRatio); limited {
-		rtr = RTRateLimit
-		act = Drop
-		if slipped {
-			act = Slip
+	cost = p.scaled(cost, scale)
+	if limited, slipped, t := s.debit(respKey, now, cost, p.window, p.slipRatio, ev); limited || t != 0 {
+		if t != 0 {
+			trans |= t
+			r.transition(p, s, respKey, t, now, cn, kindResponse, tuple, cost)
+		}
+		if limited {
+			rtr = RTRateLimit
+			act = Drop
+			if slipped {
+				act = Slip
+			}
 		}
 	}
 done:
+	if ev != nil && (trans.ended() != 0 || uint64(now) >= ev.next.Load()) {
+		r.sweep(ev, now)
+	}
 	would := act
-	if r.report {
+	if p.report {
 		act = Send
 	}
-	r.count(cat, act, would, ipr, rtr)
+	r.count(p.report, cat, act, would, ipr, rtr)
 	return act, ipr, rtr
 }
 
@@ -421,30 +483,30 @@ func (r *RRL) clock(now Fixed) Fixed {
 }
 
 // count records a Debit call's outcome in the caller's stripe.
-func (r *RRL) count(cat AllowanceCategory, act, would Action, ipr IPReason, rtr RTReason) {
+func (r *RRL) count(report bool, cat AllowanceCategory, act, would Action, ipr IPReason, rtr RTReason) {
 	st := r.stripes.own()
-	st.c.count(cat, act, would, ipr, rtr, r.report)
+	st.c.count(cat, act, would, ipr, rtr, report)
 	r.stripes.done(st)
 }
 
 // scaled returns cost scaled for qps-scale, within maxCost.
-func (r *RRL) scaled(cost, scale Fixed) Fixed {
+func (st *rrlState) scaled(cost, scale Fixed) Fixed {
 	if scale == FixedOne {
 		return cost
 	}
-	return min(cost.Mul(scale), r.maxCost)
+	return min(cost.Mul(scale), st.maxCost)
 }
 
 // rateScale returns the factor qps-scale applies to costs in second sec: the total
 // query rate of the previous second divided by qps-scale, or 1 when that rate is not
 // above qps-scale. One caller per second sums the stripes' counts, without locks.
-func (r *RRL) rateScale(sec int64) Fixed {
+func (r *RRL) rateScale(sec int64, qpsScale uint64) Fixed {
 	if old := r.scaleSec.Load(); old != sec && r.scaleSec.CompareAndSwap(old, sec) {
 		var total uint64
 		r.stripes.all(func(st *stripe) { total += st.queriesIn(sec - 1) })
 		f := FixedOne
-		if total > r.qpsScale {
-			f = FixedFromRatio(min(total, 1<<31), r.qpsScale)
+		if total > qpsScale {
+			f = FixedFromRatio(min(total, 1<<31), qpsScale)
 		}
 		r.scale.Store(uint64(f))
 		return f
@@ -454,11 +516,11 @@ func (r *RRL) rateScale(sec int64) Fixed {
 
 // accountKey returns the key of an account of the client network hashed as
 // netHash, of the given kind, with extra bits for the response tuple. The key
-// leaves the tag's low bits (slip countdown and lock) clear and is never 0.
+// leaves the tag's low bits (slip countdown, lock, event record) clear and is never 0.
 func accountKey(netHash, meta uint64) uint64 {
 	k := mix64(netHash^meta) & keyMask
 	if k == 0 {
-		k = lockBit << 1
+		k = 1 << 16
 	}
 	return k
 }
@@ -521,21 +583,74 @@ func lower8(w uint64) uint64 {
 func (r *RRL) GetStats(zeroAfter bool) Stats {
 	var st Stats
 	r.stripes.all(func(s *stripe) { s.c.addTo(&st) })
-	for i := range r.shards {
-		s := &r.shards[i]
+	// The counters only grow, written without locks by the goroutines that count:
+	// zeroing them is remembering where they stood.
+	r.statsMu.Lock()
+	defer r.statsMu.Unlock()
+	p := r.state.Load()
+	for i := range p.shards {
+		s := &p.shards[i]
 		s.mu.Lock()
 		st.Evictions += s.evictions
 		st.CacheLength += s.live
 		s.mu.Unlock()
 	}
-	// The counters only grow, written without locks by the goroutines that count:
-	// zeroing them is remembering where they stood.
-	r.statsMu.Lock()
-	defer r.statsMu.Unlock()
+	st.Evictions += r.oldEvicts
 	total := st
 	st.addCounts(&r.statsBase, -1)
 	if zeroAfter {
 		r.statsBase = total
 	}
 	return st
+}
+
+// Update replaces the RRL's settings with cfg's while Debit calls go on, keeping the
+// accounts: limits, window, slip-ratio, exempt-clients, report-only, qps-scale and the
+// event settings change in place, and every account keeps its balance. A change of
+// ipv4-prefix-length, ipv6-prefix-length or max-table-size changes what an account is
+// (or how many there may be), which the table cannot follow: the RRL then starts with
+// an empty table and Update reports fresh true. cfg's clock (SetNowFunc) is ignored:
+// an RRL keeps the clock it was made with. On error (cfg out of range, as for New)
+// nothing changes. Debit calls in progress finish with the old settings.
+func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
+	if cfg == nil {
+		return false, errNilConfig
+	}
+	if err := validate(cfg); err != nil {
+		return false, err
+	}
+	r.updateMu.Lock()
+	defer r.updateMu.Unlock()
+	old := r.state.Load()
+	st := newState(cfg)
+	if st.v4Len == old.v4Len && st.v6Len == old.v6Len && st.tableSize == old.tableSize {
+		st.shards, st.shardShift = old.shards, old.shardShift
+	} else {
+		st.newTable(cfg.maxTableSize)
+		fresh = true
+	}
+	switch {
+	case cfg.eventFunc == nil:
+		// Accounts keep their record bits until their next debit clears them.
+	case r.tracker == nil:
+		r.tracker = newEventTracker(cfg)
+		st.events = r.tracker
+	default:
+		r.tracker.mu.Lock()
+		r.tracker.fn, r.tracker.budget.perSec = cfg.eventFunc, cfg.eventsPerSec()
+		r.tracker.mu.Unlock()
+		st.events = r.tracker
+	}
+	if fresh {
+		r.statsMu.Lock()
+		for i := range old.shards {
+			s := &old.shards[i]
+			s.mu.Lock()
+			r.oldEvicts += s.evictions
+			s.mu.Unlock()
+		}
+		r.statsMu.Unlock()
+	}
+	r.state.Store(st)
+	return fresh, nil
 }

@@ -388,6 +388,28 @@ func TestQPSScale(t *testing.T) {
 	runTimeline(t, r, c, append(rows[:100:100], debitAt{at: 1000 * ms, src: udp("192.0.2.1"), tuple: www, want: "SSSSSSSSSSD"}))
 }
 
+// TestQPSScaleExtremeSaturates: with the longest window, an allowance whose cost is
+// 2048 s and 2^21 queries in the previous second against a qps-scale of 1, the scaled
+// cost is 2^32 s. Mul saturates it (then maxCost caps it) instead of wrapping it to 0,
+// which would have sent every response.
+func TestQPSScaleExtremeSaturates(t *testing.T) {
+	r, c := newTestRRL(t, "window", "3600", "responses-per-second", "0.00048828125",
+		"qps-scale", "1", "slip-ratio", "0")
+	p := r.state.Load()
+	if got, want := p.costs[AllowanceAnswer], FixedFromInt(2048); got != want {
+		t.Fatalf("cost %v, want %v", got.Float64(), want.Float64())
+	}
+	src := tcp("203.0.113.1") // TCP: counted for qps-scale, no response account
+	for range 1 << 21 {
+		r.Debit(src, &www)
+	}
+	c.now = t0.Add(time.Second)
+	runTimeline(t, r, c, []debitAt{{at: time.Second, src: udp("192.0.2.1"), tuple: www, want: "SDD"}})
+	if got := p.scaled(FixedFromInt(2048), FixedFromInt(1<<21)); got != p.maxCost {
+		t.Errorf("scaled(2048 s, 2^21) = %v, want maxCost %v", got.Float64(), p.maxCost.Float64())
+	}
+}
+
 func TestTimeSteppingBackwards(t *testing.T) {
 	for _, back := range []time.Time{t0.Add(-5 * time.Second), {}, time.Unix(0, 0), t0.Add(-100 * 365 * 24 * time.Hour)} {
 		r, c := newTestRRL(t, "responses-per-second", "1", "slip-ratio", "0", "requests-per-second", "1000")
@@ -566,7 +588,7 @@ func TestNew(t *testing.T) {
 	// NewRRL accepts what New refuses, with defaults, and nil.
 	for _, cfg := range []*Config{nil, {}} {
 		r := NewRRL(cfg)
-		if act, _, _ := r.Debit(udp("192.0.2.1"), &www); act != Send || len(r.shards) == 0 {
+		if act, _, _ := r.Debit(udp("192.0.2.1"), &www); act != Send || len(r.state.Load().shards) == 0 {
 			t.Errorf("NewRRL(%v): %v", cfg, act)
 		}
 	}

@@ -12,8 +12,10 @@ import (
 // collector never scans it, and no allocation once a shard has grown. A client
 // network always maps to the same shard.
 //
-// An entry is a tag, the account's keyed hash in its upper 59 bits with the slip
-// countdown in the low 4 and the entry's lock in bit 4, and the account's zero time
+// An entry is a tag, the account's keyed hash in its upper 48 bits with the slip
+// countdown in the low 4, the entry's lock in bit 4 and, while the account is being
+// limited and limiting events are on, its record in the event tracker in bits 5 to
+// 15 (see events.go), and the account's zero time
 // (see charge). Debiting an existing account takes no shard lock: the caller finds the
 // entry by probing and locks the entry alone by setting its lock bit, so two cores
 // serving different clients write no cache line in common. (A shard mutex taken by
@@ -48,17 +50,19 @@ import (
 // the zero time is written by the holder of the entry's lock (and read, for
 // choosing an eviction victim, by the holder of the shard's mutex).
 type entry struct {
-	tag  atomic.Uint64 // account key | lock bit | slip countdown; 0 means empty
+	tag  atomic.Uint64 // account key | event record | lock bit | slip countdown; 0 means empty
 	zero ownedWord     // Fixed time at which the balance is zero; balance = now - zero
 }
 
 const (
-	slipMask         = 0xf           // low bits of tag: the slip countdown (slip-ratio <= 10)
-	lockBit          = 0x10          // tag bit: the entry is locked
-	keyMask          = ^uint64(0x1f) // tag bits that hold the key
-	evictSample      = 8             // accounts examined per eviction
-	initialSlots     = 64            // slots of a shard's first table
-	spinsBeforeYield = 64            // failed attempts to lock an entry before yielding the processor
+	slipMask         = 0xf             // low bits of tag: the slip countdown (slip-ratio <= 10)
+	lockBit          = 0x10            // tag bit: the entry is locked
+	keyMask          = ^uint64(0xffff) // tag bits that hold the key
+	trackShift       = 5               // tag bits 5..15: the account's event record, 0 for none
+	trackBits        = 0x7ff << trackShift
+	evictSample      = 8  // accounts examined per eviction
+	initialSlots     = 64 // slots of a shard's first table
+	spinsBeforeYield = 64 // failed attempts to lock an entry before yielding the processor
 	// preallocBytes: tables up to this size are allocated in full by New; the
 	// default max-table-size of 100000 takes 2.1 MB.
 	preallocBytes = 32 << 20
@@ -307,12 +311,13 @@ func (s *shard) remove(i int) {
 // allowance below one per second the cap is the cost of one response instead, so
 // that the account admits one response per 1/allowance seconds rather than none.)
 // After it the balance is clamped to -window (zero <= now + window). Reaching full
-// credit resets the slip countdown, as in BIND.
+// credit resets the slip countdown, as in BIND, and ends a limiting episode (clears the
+// event record).
 func charge(tag *uint64, zero *Fixed, fresh bool, now, cost, window Fixed) (limited bool) {
 	full := now - max(FixedOne, cost) // now >= clockOffset > maxCost >= cost
 	if fresh || *zero <= full {
 		*zero = full
-		*tag &^= slipMask
+		*tag &^= slipMask | trackBits
 	}
 	z := *zero + cost // cost <= window + 1 s and times stay far below 2^63
 	if z > now+window {
@@ -339,12 +344,20 @@ func slip(tag *uint64, ratio uint64) bool {
 
 // debit charges cost to the account key at time now, reporting whether it is
 // limited and, for a limited account with a slip ratio, whether the response slips.
-func (s *shard) debit(key uint64, now, cost, window Fixed, slipRatio uint64) (limited, slipped bool) {
+// With ev, the event tracker, it also follows limiting episodes: it counts the debits
+// of an account being tracked, reports in t that the account has recovered (ended)
+// and, when a debit limits an account that has no episode going, starts one (began).
+// Without ev, or when neither happens, t is 0.
+func (s *shard) debit(key uint64, now, cost, window Fixed, slipRatio uint64, ev *eventTracker) (limited, slipped bool, t transition) {
 	e, tag, fresh := s.acquire(key)
 	zero := Fixed(e.zero.load())
+	old := tag & trackBits
 	if limited = charge(&tag, &zero, fresh, now, cost, window); limited {
 		slipped = slip(&tag, slipRatio)
 	}
+	if old != 0 || (limited && ev != nil) {
+		t = ev.follow(&tag, old, limited, now)
+	}
 	e.release(tag, zero)
-	return limited, slipped
+	return limited, slipped, t
 }

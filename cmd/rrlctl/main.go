@@ -248,16 +248,31 @@ func (k *keywords) config(cfg *rrl.Config) (*rrl.Config, error) {
 	return cfg, nil
 }
 
-// lookupID resolves a user or group name, or takes a number as it is.
+// maxID is the largest uid or gid: IDs are 32 bits and 4294967295, (uid_t)-1, means
+// "no change" to chown.
+const maxID = 1<<32 - 2
+
+// lookupID resolves a user or group name, or takes a number as it is. A number
+// (anything that starts with a sign or a digit) must fit a uid or gid: a larger
+// one would be truncated to 32 bits by chown and give the pins to someone else.
 func lookupID[T any](name string, lookup func(string) (T, error), id func(T) string) (int, error) {
-	if n, err := strconv.Atoi(name); err == nil && n >= 0 {
-		return n, nil
+	if name[0] == '-' || name[0] == '+' || name[0] >= '0' && name[0] <= '9' {
+		return parseID(name)
 	}
 	v, err := lookup(name)
 	if err != nil {
 		return 0, err
 	}
-	return strconv.Atoi(id(v))
+	return parseID(id(v))
+}
+
+// parseID returns s as a uid or gid: a decimal number from 0 to maxID.
+func parseID(s string) (int, error) {
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n > maxID {
+		return 0, fmt.Errorf("%q is not an ID from 0 to %d", s, maxID)
+	}
+	return int(n), nil
 }
 
 var unloadCommand = &command{

@@ -52,7 +52,13 @@ func TestUsage(t *testing.T) {
 		{[]string{"load", "-pin", plain, "-requests-per-second", "lots"}, exitUsage, `requests-per-second="lots"`},
 		{[]string{"load", "-pin", plain, "-user", "no-such-user-here"}, exitUsage, "-user no-such-user-here"},
 		{[]string{"top", "-pin", plain, "-probe", "example.com"}, exitUsage, `"example.com" is not an address`},
-		{[]string{"top", "-pin", plain, "-n", "-1"}, exitUsage, "-n must not be negative"},
+		{[]string{"top", "-pin", plain, "-n", "-1"}, exitUsage, "-n -1: must not be negative"},
+		{[]string{"top", "-pin", plain, "-n", "65537"}, exitUsage, "-n 65537: must not be negative, at most 65536"},
+		{[]string{"top", "-pin", plain, "-n", "99999999999999999999"}, exitUsage, "value out of range"},
+		{[]string{"stats", "-pin", plain, "-watch", "-1s"}, exitUsage, "-watch -1s: want an interval"},
+		{[]string{"stats", "-pin", plain, "-watch", "1ns"}, exitUsage, "-watch 1ns: want an interval"},
+		{[]string{"stats", "-pin", plain, "-watch", "25h"}, exitUsage, "-watch 25h0m0s: want an interval"},
+		{[]string{"stats", "-pin", plain, "-watch", "1s", "-count", "-2"}, exitUsage, "-count -2: must not be negative"},
 		{[]string{"stats", "-pin", plain}, exitError, "not on a BPF filesystem"},
 		{[]string{"config", "-pin", filepath.Join(plain, "missing")}, exitError, "does not exist"},
 		{[]string{"unload", "-pin", plain}, exitError, "not on a BPF filesystem"},
@@ -63,6 +69,64 @@ func TestUsage(t *testing.T) {
 			t.Errorf("rrlctl %q: exit %d, want %d with %q; output:\n%s%s", c.args, code, c.code, c.want, out, errOut)
 		}
 	}
+}
+
+// TestLoadIDsOutOfRange: -user and -group IDs that do not fit a uid or gid (2^32
+// and above, negative, and (uid_t)-1, which chown takes as "no change") are bad
+// usage, exit status 2, and pin nothing.
+func TestLoadIDsOutOfRange(t *testing.T) {
+	root := bpffs(t)
+	for _, c := range []struct{ flag, id string }{
+		{"-user", "4294967296"},
+		{"-group", "4294967297"},
+		{"-user", "4294967295"},
+		{"-group", "4294967295"},
+		{"-user", "-1"},
+		{"-group", "-5"},
+		{"-user", "+4294967296"},
+		{"-user", "99999999999999999999999"},
+		{"-group", "1e3"},
+	} {
+		pin := filepath.Join(root, "rrl")
+		code, out, errOut := rrlctl("load", "-pin", pin, c.flag, c.id)
+		if code != exitUsage || !strings.Contains(errOut, c.flag+" "+c.id+":") {
+			t.Errorf("load %s %s: exit %d, want %d naming the flag; output:\n%s%s", c.flag, c.id, code, exitUsage, out, errOut)
+		}
+		if got := bpffsEntries(t, root); len(got) != 0 {
+			t.Errorf("load %s %s: bpffs holds %q, want nothing", c.flag, c.id, got)
+			rrl.Unpin(pin)
+		}
+	}
+	// The largest valid IDs are accepted and the pins belong to them.
+	pin := filepath.Join(root, "rrl")
+	if code, out, errOut := rrlctl("load", "-pin", pin, "-user", "4294967294", "-group", "4294967293"); code != exitOK {
+		t.Fatalf("load with the largest IDs: exit %d: %s%s", code, out, errOut)
+	}
+	defer rrl.Unpin(pin)
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(pin, "rrl_settings"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 4294967294 || st.Gid != 4294967293 {
+		t.Errorf("rrl_settings owned by %d:%d, want 4294967294:4294967293", st.Uid, st.Gid)
+	}
+}
+
+// bpffsEntries lists what dir holds besides the iterators the kernel puts in every
+// bpffs root (maps.debug, progs.debug).
+func bpffsEntries(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".debug") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
 
 // bpffs mounts a private bpffs for the test, or skips when that is not permitted

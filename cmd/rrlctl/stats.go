@@ -26,14 +26,20 @@ With -watch, refresh every interval and show rates per second: on a terminal a
 table redrawn in place, otherwise one compact line per refresh (with -json, one
 JSON object per line).`,
 	run: func(c *cli, fs *flag.FlagSet, args []string) error {
+		const minWatch, maxWatch = 10 * time.Millisecond, 24 * time.Hour // a tighter loop only burns CPU
 		watch := fs.Duration("watch", 0, "refresh every `interval` (e.g. 1s), showing rates per second")
 		count := fs.Int("count", 0, "with -watch, stop after `N` refreshes (0: until interrupted)")
 		asJSON := fs.Bool("json", false, "print JSON")
 		if err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
-		if *watch < 0 || *count < 0 || (*count > 0 && *watch == 0) {
-			return usagef("-watch must be positive, -count needs -watch")
+		switch {
+		case *watch < 0 || *watch > 0 && *watch < minWatch || *watch > maxWatch:
+			return usagef("-watch %v: want an interval from %v to %v", *watch, minWatch, maxWatch)
+		case *count < 0:
+			return usagef("-count %d: must not be negative", *count)
+		case *count > 0 && *watch == 0:
+			return usagef("-count needs -watch")
 		}
 		f, err := rrl.OpenPinned(c.pin)
 		if err != nil {
@@ -107,6 +113,8 @@ var reasons = []reason{
 	{"report-only (passed)", "report_only", false, func(s rrl.FilterStats) uint64 { return s.ReportOnly }},
 	{"not DNS (passed)", "not_dns", false, func(s rrl.FilterStats) uint64 { return s.NotDNS }},
 	{"errors (passed)", "errors", false, func(s rrl.FilterStats) uint64 { return s.Errors }},
+	{"valid cookie (passed)", "cookie_passed", false, func(s rrl.FilterStats) uint64 { return s.CookiePassed }},
+	{"invalid cookie", "cookie_invalid", false, func(s rrl.FilterStats) uint64 { return s.CookieInvalid }},
 }
 
 // limited is the number of packets the levels dropped.

@@ -9,6 +9,9 @@ import (
 	"github.com/dnsrake/rrl"
 )
 
+// maxHeavyCells is how many of the busiest cells top reads; -n cannot list more.
+const maxHeavyCells = 1 << 16
+
 var topCommand = &command{
 	name:    "top",
 	args:    "[-n 20] [-probe ADDR[:PORT],...] [-json]",
@@ -33,8 +36,8 @@ the same number it compares with the limit for that source's next packet.`,
 		if err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
-		if *n < 0 {
-			return usagef("-n must not be negative")
+		if *n < 0 || *n > maxHeavyCells {
+			return usagef("-n %d: must not be negative, at most %d", *n, maxHeavyCells)
 		}
 		var sources []netip.AddrPort
 		for _, s := range strings.FieldsFunc(*probe, func(r rune) bool { return r == ',' || r == ' ' }) {
@@ -54,7 +57,7 @@ the same number it compares with the limit for that source's next packet.`,
 		}
 		defer f.Close()
 		// Every busy cell: the level summaries count all of them.
-		cells, err := f.HeavyCells(1 << 16)
+		cells, err := f.HeavyCells(maxHeavyCells)
 		if err != nil {
 			return err
 		}

@@ -6,14 +6,15 @@
 // Usage:
 //
 //	authserver [-listen 127.0.0.1:5353] [-zone FILE [-origin NAME]] [-metrics ADDR]
-//	           [-KEYWORD VALUE ...]
+//	           [-bind-rate-limit FILE] [-KEYWORD VALUE ...]
 //	authserver -demo [-demo-duration 10s] [-demo-flood-rate 10000]
 //
 // It serves the embedded zone example.test. (see example.test.zone), or the zone in
 // FILE, over UDP and TCP. Every rrl configuration keyword is a flag of its own name
 // (-responses-per-second 5, -slip-ratio 2, -report-only, ...); only the flags given
-// are applied. -metrics serves Prometheus metrics at http://ADDR/metrics (the server's
-// own, the Go runtime's and the process's). SIGINT or
+// are applied. -bind-rate-limit FILE applies a BIND rate-limit clause on top of them,
+// re-read on SIGHUP (see reload.go). -metrics serves Prometheus metrics at
+// http://ADDR/metrics (the server's own, the Go runtime's and the process's). SIGINT or
 // SIGTERM shuts the server down gracefully.
 //
 // With -demo it serves on a loopback port of its own and, for ten seconds, sends
@@ -38,6 +39,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/rrlprom"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -57,6 +59,7 @@ type options struct {
 	zoneFile    string
 	origin      string
 	metrics     string
+	bindFile    string
 	tcpConns    int
 	settings    [][2]string // keyword, value: the rrl flags given, in order
 	noFilter    bool
@@ -75,6 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.zoneFile, "zone", "", "zone `file` to serve instead of the embedded example.test.")
 	fs.StringVar(&o.origin, "origin", "", "origin of -zone for relative names, when the file has no $ORIGIN")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at http://`address`/metrics")
+	fs.StringVar(&o.bindFile, "bind-rate-limit", "", "BIND rate-limit clause `file` applied over the flags, re-read on SIGHUP")
 	fs.IntVar(&o.tcpConns, "tcp-conns-per-client", rrl.DefaultTCPConnsPerClient, "concurrent TCP connections per IPv4 address or IPv6 /64")
 	fs.BoolFunc("kernel-filter", "attach the kernel filter to the UDP socket (default true; false: the Go request limiter only, e.g. under rrlctl attach)", func(v string) error {
 		on, err := strconv.ParseBool(v)
@@ -144,6 +148,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	rl, err := newReloader(o.bindFile, cfg, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "authserver: %v\n", err)
+		return 2
+	}
+	cfg = rl.cfg
 	z, err := openZone(o)
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
@@ -154,6 +164,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
 	}
+	rl.watch(ctx, srv, nil)
 	status := 0
 	if o.demo {
 		res, err := runDemo(ctx, srv, demoOptions{duration: o.demoDur, floodRate: o.demoRate, clients: o.demoClients, progress: stderr})
@@ -294,16 +305,16 @@ func listenBoth(addr string) (*net.UDPConn, net.Listener, error) {
 
 // serveMetrics serves the Prometheus endpoint on addr.
 func (s *server) serveMetrics(addr string, log io.Writer) error {
-	opts := []rrl.CollectorOption{rrl.CollectHandler(s.handler), rrl.CollectTCPLimiter(s.tcp)}
+	opts := []rrlprom.CollectorOption{rrlprom.CollectHandler(s.handler), rrlprom.CollectTCPLimiter(s.tcp)}
 	if s.filter != nil {
-		opts = append(opts, rrl.CollectFilter(s.filter))
+		opts = append(opts, rrlprom.CollectFilter(s.filter))
 	}
 	if s.limiter != nil {
-		opts = append(opts, rrl.CollectLimiter(s.limiter))
+		opts = append(opts, rrlprom.CollectLimiter(s.limiter))
 	}
 	reg := prometheus.NewRegistry()
 	for _, c := range []prometheus.Collector{
-		rrl.NewCollector("dns", s.rrl, opts...),
+		rrlprom.NewCollector("dns", s.rrl, opts...),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -422,6 +424,38 @@ func TestWriteSVG(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("SVG lacks %q", want)
 		}
+	}
+	// Well-formed XML, one line per group with packets and per limit.
+	dec := xml.NewDecoder(strings.NewReader(s))
+	lines := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("SVG is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+			lines++
+		}
+	}
+	want := 0
+	for _, r := range rs {
+		for _, g := range r.Groups {
+			if len(g.Received)*int(binWidth) >= int(plotWindow) {
+				want++
+			}
+		}
+		if r.LimitedBy != "none" {
+			want++
+		}
+	}
+	if lines != want {
+		t.Errorf("SVG has %d lines, want %d", lines, want)
+	}
+	if err := writeSVG(filepath.Join(t.TempDir(), "plot.png"), rs); err == nil {
+		t.Error("writeSVG to a .png path: no error")
 	}
 }
 

@@ -72,7 +72,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.limit, "limit", 500, "requests-per-second (100 to 2500; attacks send up to 20 times this)")
 	fs.BoolVar(&o.ipv6, "ipv6", false, "run every scenario over IPv6 too, inside a network namespace (root)")
 	fs.BoolVar(&o.json, "json", false, "write the results as JSON instead of a table")
-	fs.StringVar(&o.svg, "svg", "", "write a plot of delivered packets per second over time to this SVG file (PNG if it ends in .png)")
+	fs.StringVar(&o.svg, "svg", "", "write a plot of delivered packets per second over time to this SVG file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -1,14 +1,16 @@
-package rrl
+package rrlprom
 
 import (
 	"net"
 	"testing"
 
+	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
 )
 
 func TestCollectorMalformedAndTCPReasons(t *testing.T) {
-	h := NewHandler(new(handlerZone), NewRRL(NewConfig()))
+	h := rrl.NewHandler(new(handlerZone), rrl.NewRRL(rrl.NewConfig()))
 	q := query("www.example.test.", dns.TypeA, true)
 	q.Extra = append(q.Extra, &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT, Class: 512}})
 	h.ServeDNS(&fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}, q)
@@ -20,13 +22,13 @@ func TestCollectorMalformedAndTCPReasons(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl := LimitListenerTotal(inner, 1, 1)
+	tl := rrl.LimitListenerTotal(inner, 1, 1)
 	defer tl.Close()
-	ch := acceptLoop(tl)
+	ch := testutil.AcceptLoop(tl)
 	a, b := net.IPv4(127, 0, 5, 1), net.IPv4(127, 0, 5, 2)
-	expectAccepted(t, ch, dialFrom(t, "tcp4", a, tl.Addr()))
-	expectAccepted(t, ch, dialFrom(t, "tcp4", b, tl.Addr())) // evicts a's
-	expectRefused(t, ch, "tcp4", b, tl.Addr())
+	testutil.ExpectAccepted(t, ch, testutil.DialFrom(t, "tcp4", a, tl.Addr()))
+	testutil.ExpectAccepted(t, ch, testutil.DialFrom(t, "tcp4", b, tl.Addr())) // evicts a's
+	testutil.ExpectRefused(t, ch, "tcp4", b, tl.Addr())
 
 	c := NewCollector("", nil, CollectHandler(h), CollectTCPLimiter(tl))
 	checkSeries(t, c, map[string]float64{

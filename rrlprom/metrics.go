@@ -1,6 +1,10 @@
-package rrl
+// Package rrlprom exports the counters of package rrl's limiters to Prometheus. It
+// is a package of its own so that a program using rrl without Prometheus does not
+// link the client library.
+package rrlprom
 
 import (
+	"github.com/dnsrake/rrl"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -53,17 +57,18 @@ import (
 // RRL counters are read without zeroing: a program that also calls
 // GetStats(true) makes them go down, which Prometheus takes for a restart.
 type Collector struct {
-	rrl     *RRL
-	handler *Handler
-	filter  *Filter
-	limiter *Limiter
-	tcp     *TCPLimiter
+	rrl     *rrl.RRL
+	handler *rrl.Handler
+	filter  *rrl.Filter
+	limiter *rrl.Limiter
+	tcp     *rrl.TCPLimiter
 
 	debits, actions, reportOnly, ipReasons, rtReasons, accounts, evictions *prometheus.Desc
 
 	hResponses, hBadCookie, hExempt, hLimited, hCookies, hMalformed *prometheus.Desc
 
 	fMode, fPackets, fPassed, fNotDNS, fDropped, fLimited, fLimit, fExempt, fReportOnly, fErrors *prometheus.Desc
+	fCookiePassed, fCookieInvalid                                                                *prometheus.Desc
 
 	lPackets, lExempt, lLimited, lLimit *prometheus.Desc
 
@@ -74,22 +79,22 @@ type Collector struct {
 type CollectorOption func(*Collector)
 
 // CollectHandler adds the counters of h.
-func CollectHandler(h *Handler) CollectorOption { return func(c *Collector) { c.handler = h } }
+func CollectHandler(h *rrl.Handler) CollectorOption { return func(c *Collector) { c.handler = h } }
 
 // CollectFilter adds the counters of the kernel filter f. In ModeClassic only
 // filter_mode is exported (the classic prefilter keeps no counters).
-func CollectFilter(f *Filter) CollectorOption { return func(c *Collector) { c.filter = f } }
+func CollectFilter(f *rrl.Filter) CollectorOption { return func(c *Collector) { c.filter = f } }
 
 // CollectLimiter adds the counters of the Go request limiter l.
-func CollectLimiter(l *Limiter) CollectorOption { return func(c *Collector) { c.limiter = l } }
+func CollectLimiter(l *rrl.Limiter) CollectorOption { return func(c *Collector) { c.limiter = l } }
 
 // CollectTCPLimiter adds the counters of the TCP connection limiter t.
-func CollectTCPLimiter(t *TCPLimiter) CollectorOption { return func(c *Collector) { c.tcp = t } }
+func CollectTCPLimiter(t *rrl.TCPLimiter) CollectorOption { return func(c *Collector) { c.tcp = t } }
 
 // NewCollector returns a Collector of r's counters (r may be nil when only the
 // other sources are wanted), with metric names prefixed by namespace (which may be
 // empty). Register it with prometheus.MustRegister or a Registry.
-func NewCollector(namespace string, r *RRL, opts ...CollectorOption) *Collector {
+func NewCollector(namespace string, r *rrl.RRL, opts ...CollectorOption) *Collector {
 	c := &Collector{rrl: r}
 	for _, o := range opts {
 		o(c)
@@ -122,6 +127,8 @@ func NewCollector(namespace string, r *RRL, opts ...CollectorOption) *Collector 
 	c.fExempt = d("filter", "exempt_total", "Packets from exempt clients.")
 	c.fReportOnly = d("filter", "report_only_total", "Packets passed only because of report-only.")
 	c.fErrors = d("filter", "errors_total", "Internal failures of the kernel filter (packets passed).")
+	c.fCookiePassed = d("filter", "cookie_passed_total", "Queries the kernel filter passed on a valid server cookie, judged only against their own address's limit.")
+	c.fCookieInvalid = d("filter", "cookie_invalid_total", "Queries whose server cookie did not verify in the kernel filter, judged as without one.")
 
 	c.lPackets = d("limiter", "packets_total", "Packets the Go request limiter judged, by family.", "family")
 	c.lExempt = d("limiter", "exempt_total", "Packets from exempt clients, passed uncounted.")
@@ -139,10 +146,10 @@ func NewCollector(namespace string, r *RRL, opts ...CollectorOption) *Collector 
 
 // Label values.
 var (
-	labelCategoryNames = [AllowanceLast]string{"answer", "referral", "nodata", "nxdomain", "error"}
-	labelActionNames   = [ActionLast]string{"send", "drop", "slip"}
-	labelIpReasonNames = [IPLast]string{"ok", "not-configured", "not-reached", "rate-limit", "cache-full", "exempt", "all-rate-limit"}
-	labelRtReasonNames = [RTLast]string{"ok", "not-configured", "not-reached", "rate-limit", "not-udp", "cache-full"}
+	labelCategoryNames = [rrl.AllowanceLast]string{"answer", "referral", "nodata", "nxdomain", "error"}
+	labelActionNames   = [rrl.ActionLast]string{"send", "drop", "slip"}
+	labelIpReasonNames = [rrl.IPLast]string{"ok", "not-configured", "not-reached", "rate-limit", "cache-full", "exempt", "all-rate-limit"}
+	labelRtReasonNames = [rrl.RTLast]string{"ok", "not-configured", "not-reached", "rate-limit", "not-udp", "cache-full"}
 )
 
 // Describe implements prometheus.Collector. It sends every metric the Collector can
@@ -152,6 +159,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.debits, c.actions, c.reportOnly, c.ipReasons, c.rtReasons, c.accounts, c.evictions,
 		c.hResponses, c.hBadCookie, c.hExempt, c.hLimited, c.hCookies, c.hMalformed,
 		c.fMode, c.fPackets, c.fPassed, c.fNotDNS, c.fDropped, c.fLimited, c.fLimit, c.fExempt, c.fReportOnly, c.fErrors,
+		c.fCookiePassed, c.fCookieInvalid,
 		c.lPackets, c.lExempt, c.lLimited, c.lLimit,
 		c.tAccepted, c.tRefused, c.tAcceptErrors, c.tOpen, c.tClients, c.tMax,
 	} {
@@ -195,13 +203,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.hBadCookie, float64(st.SlippedBadCookie))
 		counter(c.hExempt, float64(st.CookieExempt))
 		counter(c.hLimited, float64(st.RequestsLimited))
-		if c.handler.cookies != nil {
+		if c.handler.Cookies() != nil {
 			for r, v := range st.Cookies {
-				counter(c.hCookies, float64(v), CookieResult(r).String())
+				counter(c.hCookies, float64(v), rrl.CookieResult(r).String())
 			}
 		}
 		for r, v := range st.Malformed {
-			counter(c.hMalformed, float64(v), MalformedReason(r).String())
+			counter(c.hMalformed, float64(v), rrl.MalformedReason(r).String())
 		}
 	}
 	if c.filter != nil {
@@ -236,14 +244,14 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 		ch <- prometheus.NewInvalidMetric(c.fPackets, err)
 		return
 	}
-	for _, m := range []FilterMode{ModeClassic, ModeEBPF} {
+	for _, m := range []rrl.FilterMode{rrl.ModeClassic, rrl.ModeEBPF} {
 		v := 0.0
 		if st.Mode == m {
 			v = 1
 		}
 		gauge(c.fMode, v, m.String())
 	}
-	if st.Mode != ModeEBPF {
+	if st.Mode != rrl.ModeEBPF {
 		return
 	}
 	counter(c.fPackets, float64(st.Seen))
@@ -262,4 +270,6 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 	counter(c.fExempt, float64(st.Exempt))
 	counter(c.fReportOnly, float64(st.ReportOnly))
 	counter(c.fErrors, float64(st.Errors))
+	counter(c.fCookiePassed, float64(st.CookiePassed))
+	counter(c.fCookieInvalid, float64(st.CookieInvalid))
 }

@@ -1,4 +1,4 @@
-package rrl
+package rrlprom
 
 import (
 	"net"
@@ -7,27 +7,28 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dnsrake/rrl"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestCollectorRRLAndHandler(t *testing.T) {
-	r := NewRRL(fixedConfig(t, "responses-per-second", "1", "slip-ratio", "2"))
-	cookies := NewCookies(CookieSecret{5})
-	h := NewHandler(new(handlerZone), r, WithCookies(cookies), WithClock(func() time.Time { return testEpoch }))
+	r := rrl.NewRRL(fixedConfig(t, "responses-per-second", "1", "slip-ratio", "2"))
+	cookies := rrl.NewCookies(rrl.CookieSecret{5})
+	h := rrl.NewHandler(new(handlerZone), r, rrl.WithCookies(cookies), rrl.WithClock(func() time.Time { return testEpoch }))
 	w := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}
 	// Answers: send, slip (truncated), drop, slip (BADCOOKIE, client cookie).
 	for i := range 4 {
 		q := query("www.example.test.", dns.TypeA, true)
 		if i == 3 {
-			SetCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, 8})
+			rrl.SetCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, 8})
 		}
 		h.ServeDNS(w, q)
 	}
 	// A valid server cookie: exempt.
 	q := query("www.example.test.", dns.TypeA, true)
-	SetCookie(q, cookies.Generate([]byte{1, 2, 3, 4, 5, 6, 7, 8}, netip.MustParseAddr("192.0.2.1"), testEpoch))
+	rrl.SetCookie(q, cookies.Generate([]byte{1, 2, 3, 4, 5, 6, 7, 8}, netip.MustParseAddr("192.0.2.1"), testEpoch))
 	h.ServeDNS(w, q)
 	// NXDOMAIN over TCP: not a response account's business.
 	h.ServeDNS(&fakeWriter{remote: &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5001}}, query("nx.example.test.", dns.TypeA, false))
@@ -147,11 +148,11 @@ func lint(t *testing.T, c prometheus.Collector) {
 }
 
 func TestCollectorLimiters(t *testing.T) {
-	cfg := NewConfig()
+	cfg := rrl.NewConfig()
 	if err := cfg.SetValue("requests-per-second", "10"); err != nil {
 		t.Fatal(err)
 	}
-	lim, err := NewLimiter(cfg)
+	lim, err := rrl.NewLimiter(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestCollectorLimiters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl := LimitListener(inner, 1)
+	tl := rrl.LimitListener(inner, 1)
 	defer tl.Close()
 
 	c := NewCollector("", nil, CollectLimiter(lim), CollectTCPLimiter(tl))
@@ -193,11 +194,11 @@ func TestCollectorFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	cfg := NewConfig()
+	cfg := rrl.NewConfig()
 	if err := cfg.SetValue("requests-per-second", "10"); err != nil {
 		t.Fatal(err)
 	}
-	f, err := Attach(conn, cfg)
+	f, err := rrl.Attach(conn, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func TestCollectorFilter(t *testing.T) {
 		client.Write(q)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	var st FilterStats
+	var st rrl.FilterStats
 	for {
 		if st, err = f.Stats(); err != nil {
 			t.Fatal(err)
@@ -249,4 +250,51 @@ func TestCollectorFilter(t *testing.T) {
 	}
 	checkSeries(t, c, want)
 	lint(t, c)
+}
+
+// TestCollectorFilterCookies: the collector exports the kernel filter's counters of
+// queries passed on a valid server cookie and of server cookies that did not verify.
+func TestCollectorFilterCookies(t *testing.T) {
+	requirePrivilege(t)
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	f, err := rrl.Attach(conn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cookies := rrl.NewCookies(rrl.CookieSecret{1, 2, 3})
+	if err := f.UseCookies(cookies); err != nil {
+		t.Fatal(err)
+	}
+	client, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}, conn.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	from := client.LocalAddr().(*net.UDPAddr).AddrPort().Addr()
+	send := func(c *rrl.Cookies) {
+		q := query("www.example.test.", dns.TypeA, true)
+		rrl.SetCookie(q, c.Generate([]byte("metricsc"), from, time.Now()))
+		b, _ := q.Pack()
+		client.Write(b)
+	}
+	for range 3 {
+		send(cookies)
+	}
+	send(rrl.NewCookies(rrl.CookieSecret{9}))
+	var st rrl.FilterStats
+	for deadline := time.Now().Add(5 * time.Second); st.Seen < 4 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if st, err = f.Stats(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkSeries(t, NewCollector("dns", nil, CollectFilter(f)), map[string]float64{
+		"dns_filter_packets_total":        4,
+		"dns_filter_cookie_passed_total":  3,
+		"dns_filter_cookie_invalid_total": 1,
+	})
 }

@@ -1,0 +1,355 @@
+package rrl
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// How an RRL follows limiting episodes (see events.go for what it reports).
+//
+// The account table keeps 16 bytes per account and no names, so an account that
+// starts being limited gets a record here, holding what the events name (client
+// network, category, name, type) and a count of its debits, and the record's index is
+// kept in the account's tag (table.go). Debits of accounts that are not limited, and
+// limited debits of accounts already followed, take no lock here: the first only test
+// the tag's record bits, the second also add one to the record's counter. Only the
+// transitions take the tracker's mutex.
+//
+// Start: the first limited debit of an account without a record gets one (or, when all
+// maxTracked records are taken, the untracked mark, and counts as suppressed). The
+// start event is reported once the episode has gone on for a second, so that its Rate
+// is measured over a second, or when the episode ends sooner.
+//
+// Stop: an episode ends when the account is back at full credit (one second of credit,
+// no debt) — the same moment BIND resets the slip countdown. That is discovered
+// lazily, whichever comes first: by the account's next debit, which finds it at full
+// credit; or by the sweep, which a Debit call runs at most once per second of the
+// RRL's clock and which looks up every followed account in the table. The sweep also
+// ends the episodes of accounts that were evicted or whose table Update replaced
+// (Evicted). So a stop is reported at most about a second after the account has
+// recovered, provided the RRL keeps being called; an idle RRL reports nothing.
+
+// maxTracked is the number of limiting episodes an RRL follows at once; the tag's
+// record field also holds the untracked mark, untracked.
+const maxTracked = 1024
+
+// untracked is the tag record of an account being limited without a record.
+const untracked = trackBits >> trackShift
+
+// transition is what a debit changed in the limiting episodes: the index of a record
+// that began (low 16 bits) and of one whose account recovered (high 16 bits).
+type transition uint32
+
+func (t transition) began() uint64 { return uint64(t & 0xffff) }
+func (t transition) ended() uint64 { return uint64(t >> 16) }
+
+// eventTracker follows an RRL's limiting episodes.
+type eventTracker struct {
+	next atomic.Uint64 // Fixed time of the next sweep
+
+	mu     sync.Mutex
+	fn     func(LimitEvent)
+	budget eventBudget
+	free   []uint16 // unused record indices
+	recs   [maxTracked]trackRecord
+}
+
+// trackRecord is one limiting episode. count is written by debits holding the
+// account's entry lock; the rest under the tracker's mutex.
+type trackRecord struct {
+	count atomic.Uint64
+
+	used, filled bool
+	reported     bool // the start was reported
+	suppressed   bool // the start was suppressed: no stop will be reported
+	ended        bool
+	evicted      bool
+	key          uint64
+	state        *rrlState
+	shard        *shard
+	cost         Fixed
+	start, end   Fixed
+	ev           LimitEvent
+}
+
+// newEventTracker returns a tracker for cfg, or nil when cfg sets no event function.
+func newEventTracker(cfg *Config) *eventTracker {
+	if cfg.eventFunc == nil {
+		return nil
+	}
+	ev := &eventTracker{fn: cfg.eventFunc, budget: eventBudget{perSec: cfg.eventsPerSec()}}
+	ev.free = make([]uint16, 0, maxTracked-1)
+	for i := maxTracked - 1; i >= 1; i-- { // index 0 means no record
+		ev.free = append(ev.free, uint16(i))
+	}
+	return ev
+}
+
+// follow is called by a debit, holding the account's entry lock, when the account
+// had a record (old, the tag bits before the debit) or the debit limited it. It counts
+// the debit, notes that the account recovered (charge cleared the record bits) and
+// starts an episode for a limited account without one, setting its record in tag.
+func (ev *eventTracker) follow(tag *uint64, old uint64, limited bool, now Fixed) transition {
+	if ev == nil { // events were turned off by Update
+		*tag &^= trackBits
+		return 0
+	}
+	idx := old >> trackShift
+	if old != 0 && *tag&trackBits != 0 { // the episode goes on
+		if idx != untracked {
+			ev.recs[idx].count.Add(1)
+		}
+		return 0
+	}
+	var t transition
+	if old != 0 && idx != untracked {
+		t = transition(idx << 16)
+	}
+	if limited {
+		ev.mu.Lock()
+		n := uint64(untracked)
+		if k := len(ev.free); k > 0 {
+			n = uint64(ev.free[k-1])
+			ev.free = ev.free[:k-1]
+			ev.recs[n] = trackRecord{used: true, start: now}
+			ev.recs[n].count.Store(1)
+		} else {
+			ev.budget.suppressed++
+		}
+		ev.mu.Unlock()
+		*tag |= n << trackShift
+		if n != untracked {
+			t |= transition(n)
+		}
+	}
+	return t
+}
+
+// transition records what the debit of account key (in shard s of state p) changed.
+func (r *RRL) transition(p *rrlState, s *shard, key uint64, t transition, now Fixed, cn clientNet, kind int, tuple *ResponseTuple, cost Fixed) {
+	ev := p.events
+	if ev == nil {
+		return
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if i := t.ended(); i != 0 {
+		if ev.recs[i].key == key { // not a record of an account tracked before an Update
+			ev.endLocked(i, now, false)
+		}
+	}
+	if i := t.began(); i != 0 {
+		rec := &ev.recs[i]
+		rec.filled, rec.key, rec.state, rec.shard, rec.cost = true, key, p, s, cost
+		e := &rec.ev
+		e.Network = cn.prefix(p)
+		e.ReportOnly = p.report
+		switch kind {
+		case kindRequest:
+			e.Account, e.Limit = AccountRequests, p.reqRate
+		case kindAll:
+			e.Account, e.Limit = AccountAll, p.allRate
+		default:
+			e.Account, e.Category = AccountResponses, tuple.AllowanceCategory
+			e.Limit = p.rates[tuple.AllowanceCategory]
+			switch tuple.AllowanceCategory {
+			case AllowanceAnswer, AllowanceReferral:
+				e.Type = tuple.Type
+				e.Name = strings.Clone(tuple.SalientName)
+			case AllowanceNoData, AllowanceNXDomain:
+				e.Name = strings.Clone(tuple.SalientName)
+			}
+		}
+	}
+}
+
+// endLocked ends record i's episode at now.
+func (ev *eventTracker) endLocked(i uint64, now Fixed, evicted bool) {
+	rec := &ev.recs[i]
+	if rec.used && !rec.ended {
+		rec.ended, rec.end, rec.evicted = true, now, evicted
+	}
+}
+
+// sweep reports the events that are due at now and, when the once-a-second sweep is
+// due too, first looks up every followed account to find those that recovered or left
+// the table. Event functions are called after the tracker's mutex is released.
+func (r *RRL) sweep(ev *eventTracker, now Fixed) {
+	if next := ev.next.Load(); uint64(now) >= next && ev.next.CompareAndSwap(next, uint64(now+FixedOne)) {
+		r.checkAccounts(ev, now)
+	}
+	ev.mu.Lock()
+	out := ev.dueLocked(now, r)
+	fn := ev.fn
+	ev.mu.Unlock()
+	for _, e := range out {
+		fn(e)
+	}
+}
+
+// checkAccounts ends the episodes of followed accounts that are back at full credit,
+// were evicted, or belong to a replaced table.
+func (r *RRL) checkAccounts(ev *eventTracker, now Fixed) {
+	type look struct {
+		i     uint64
+		key   uint64
+		state *rrlState
+		shard *shard
+		cost  Fixed
+	}
+	var looks []look
+	ev.mu.Lock()
+	for i := range ev.recs {
+		if rec := &ev.recs[i]; rec.used && rec.filled && !rec.ended {
+			looks = append(looks, look{uint64(i), rec.key, rec.state, rec.shard, rec.cost})
+		}
+	}
+	ev.mu.Unlock()
+	if len(looks) == 0 {
+		return
+	}
+	cur := r.state.Load()
+	type result struct {
+		i       uint64
+		evicted bool
+	}
+	var ended []result
+	for _, l := range looks {
+		if &l.state.shards[0] != &cur.shards[0] { // Update replaced the table
+			ended = append(ended, result{l.i, true})
+			continue
+		}
+		switch l.shard.recovered(l.key, l.i, now, l.cost) {
+		case accountGone:
+			ended = append(ended, result{l.i, true})
+		case accountRecovered:
+			ended = append(ended, result{l.i, false})
+		}
+	}
+	ev.mu.Lock()
+	for _, e := range ended {
+		ev.endLocked(e.i, now, e.evicted)
+	}
+	ev.mu.Unlock()
+}
+
+const (
+	accountLimited = iota
+	accountRecovered
+	accountGone
+)
+
+// recovered looks up the account key followed by record idx: gone (not in the table,
+// or holding another record: evicted), recovered (back at full credit: its record bits
+// are cleared) or still limited.
+func (s *shard) recovered(key, idx uint64, now, cost Fixed) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slots := s.entries()
+	if len(slots) == 0 {
+		return accountGone
+	}
+	i, t, found := probe(slots, key)
+	if !found || (t&trackBits)>>trackShift != idx {
+		return accountGone
+	}
+	e := &slots[i]
+	tag := lockEntry(e)
+	zero := Fixed(e.zero.load())
+	res := accountLimited
+	if tag&trackBits != idx<<trackShift { // changed while we waited
+		res = accountGone
+	} else if zero <= now-max(FixedOne, cost) {
+		tag &^= trackBits
+		res = accountRecovered
+	}
+	e.release(tag, zero)
+	return res
+}
+
+// dueLocked returns the events due at now and frees the records of ended episodes
+// whose events are out.
+func (ev *eventTracker) dueLocked(now Fixed, r *RRL) []LimitEvent {
+	var out []LimitEvent
+	nanos := fixedNanos(now - clockOffset)
+	for i := range ev.recs {
+		rec := &ev.recs[i]
+		if !rec.used || !rec.filled {
+			continue
+		}
+		if !rec.reported && !rec.suppressed && (rec.ended || now-rec.start >= FixedOne) {
+			if ev.budget.take(nanos) {
+				e := rec.ev
+				until := now
+				if rec.ended {
+					until = rec.end
+				}
+				e.Time = r.timeOf(now)
+				e.Count = rec.count.Load()
+				e.Rate = rateOver(e.Count, until-rec.start)
+				ev.budget.stamp(&e)
+				out = append(out, e)
+				rec.reported = true
+			} else {
+				rec.suppressed = true
+			}
+		}
+		if !rec.ended {
+			continue
+		}
+		if rec.reported {
+			if !ev.budget.take(nanos) {
+				continue // reported when the budget allows
+			}
+			e := rec.ev
+			e.Stop = true
+			e.Time = r.timeOf(now)
+			e.Count = rec.count.Load()
+			e.Duration = time.Duration(fixedNanos(rec.end - rec.start))
+			e.Rate = rateOver(e.Count, rec.end-rec.start)
+			e.Evicted = rec.evicted
+			ev.budget.stamp(&e)
+			out = append(out, e)
+		}
+		*rec = trackRecord{}
+		ev.free = append(ev.free, uint16(i))
+	}
+	return out
+}
+
+// fixedNanos converts a Fixed number of seconds to nanoseconds.
+func fixedNanos(t Fixed) int64 {
+	return int64(t.Int())*int64(time.Second) + int64(t.Frac().Float64()*float64(time.Second))
+}
+
+// rateOver is count per d seconds, d at least one second.
+func rateOver(count uint64, d Fixed) float64 {
+	return float64(count) / max(d, FixedOne).Float64()
+}
+
+// timeOf returns the wall-clock time of an RRL time.
+func (r *RRL) timeOf(t Fixed) time.Time {
+	d := time.Duration(fixedNanos(t - clockOffset))
+	if r.nowFunc != nil {
+		return r.epoch.Add(d)
+	}
+	return clockBase.Add(time.Duration(r.epochNanos) + d)
+}
+
+// prefix returns the client network as a prefix.
+func (cn clientNet) prefix(p *rrlState) netip.Prefix {
+	switch cn.fam {
+	case 4:
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(cn.lo >> 24), byte(cn.lo >> 16), byte(cn.lo >> 8), byte(cn.lo)}), p.v4Len)
+	case 6:
+		var b [16]byte
+		binary.BigEndian.PutUint64(b[:8], cn.hi)
+		binary.BigEndian.PutUint64(b[8:], cn.lo)
+		return netip.PrefixFrom(netip.AddrFrom16(b), p.v6Len)
+	}
+	return netip.Prefix{}
+}
