@@ -611,3 +611,53 @@ func TestCoreDNSUnprivileged(t *testing.T) {
 		t.Errorf("coredns_rrl_requests_exceeded_total %v, want the Go limiter's %v", v, limited)
 	}
 }
+
+func TestCoreDNSKernelCookies(t *testing.T) {
+	// With cookies, the kernel filter verifies server cookies with the plugin's
+	// secret: a client that learned its cookie from CoreDNS is counted as proven.
+	requirePrivilege(t, unix.CAP_BPF)
+	port, mport := freePort(t), freePort(t)
+	s := startCoreDNS(t, fmt.Sprintf(`example.test:%d {
+    bind 127.0.0.1
+    prometheus 127.0.0.1:%d
+    rrl {
+        requests-per-second 100
+        cookies 000102030405060708090a0b0c0d0e0f
+    }
+    file db.example.test
+}
+`, port, mport), map[string]string{"db.example.test": exampleZone})
+	waitLog(t, s, "kernel filter for dns://127.0.0.1:"+strconv.Itoa(port)+": ebpf", 1)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	q := new(dns.Msg)
+	q.SetQuestion("www.example.test.", dns.TypeA)
+	q.SetEdns0(1232, false)
+	opt := q.IsEdns0()
+	opt.Option = append(opt.Option, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0123456789abcdef"})
+	got := burst(t, addr, q, 1, 5*time.Second)
+	if len(got) != 1 || got[0].IsEdns0() == nil {
+		t.Fatalf("first query: %v, want an answer with an OPT record", got)
+	}
+	var full string
+	for _, o := range got[0].IsEdns0().Option {
+		if c, ok := o.(*dns.EDNS0_COOKIE); ok {
+			full = c.Cookie
+		}
+	}
+	if len(full) <= 16 {
+		t.Fatalf("no server cookie in the answer: %q", full)
+	}
+	opt.Option = []dns.EDNS0{&dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: full}}
+	for range 3 {
+		if got := burst(t, addr, q, 1, 5*time.Second); len(got) != 1 {
+			t.Fatal("no answer to a query with the server cookie")
+		}
+	}
+	mAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(mport))
+	if v := metric(t, mAddr, "coredns_rrl_filter_cookie_passed_total"); v != 3 {
+		t.Errorf("coredns_rrl_filter_cookie_passed_total %v, want 3", v)
+	}
+	if v := metric(t, mAddr, "coredns_rrl_filter_cookie_invalid_total"); v != 0 {
+		t.Errorf("coredns_rrl_filter_cookie_invalid_total %v, want 0", v)
+	}
+}

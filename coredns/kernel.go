@@ -66,6 +66,7 @@ func (p *RRL) attach(addr string) {
 			}
 			l.owner = p
 			p.filters[addr] = l.f
+			p.useCookies(addr, l.f)
 			log.Infof("kernel filter for %s: %s, kept with the new settings", addr, l.f.Mode())
 			return
 		}
@@ -87,6 +88,19 @@ func (p *RRL) attach(addr string) {
 	}
 	p.filters[addr] = f
 	listeners[addr] = &listener{f: f, owner: p}
+	p.useCookies(addr, f)
+}
+
+// useCookies gives the eBPF filter the plugin's cookie secrets, so that a query with
+// a valid server cookie is judged only in its own address's group (it has proven
+// its address), or takes away those of an instance before a reload (nil).
+func (p *RRL) useCookies(addr string, f *rrl.Filter) {
+	if f.Mode() != rrl.ModeEBPF {
+		return
+	}
+	if err := f.UseCookies(p.cookies); err != nil {
+		log.Warningf("kernel filter for %s: cookies: %v", addr, err)
+	}
 }
 
 // updateKernelLimits sets kernelLimits from the filters; p.mu is held.

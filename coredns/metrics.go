@@ -8,6 +8,7 @@ import (
 
 	"github.com/coredns/coredns/plugin"
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/rrlprom"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -22,7 +23,7 @@ import (
 //	coredns_rrl_requests_exceeded_total     queries over requests-per-second, wherever
 //	                                        they were refused: kernel, Go limiter, Debit
 //	coredns_rrl_rrl_*, coredns_rrl_handler_*, coredns_rrl_filter_*, coredns_rrl_limiter_*
-//	                                        the library's counters (rrl.Collector)
+//	                                        the library's counters (rrlprom.Collector)
 //
 // After a reload a block's counters start again from zero, as after a restart.
 const namespace = plugin.Namespace + "_" + Name
@@ -75,7 +76,7 @@ func (s *source) clear(p *RRL) { s.cur.CompareAndSwap(p, nil) }
 func (s *source) Describe(ch chan<- *prometheus.Desc) {
 	ch <- responsesExceeded
 	ch <- requestsExceeded
-	rrl.NewCollector(namespace, nil).Describe(ch)
+	rrlprom.NewCollector(namespace, nil).Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -87,11 +88,11 @@ func (s *source) Collect(ch chan<- prometheus.Metric) {
 	resp, req := p.exceeded()
 	ch <- prometheus.MustNewConstMetric(responsesExceeded, prometheus.CounterValue, float64(resp))
 	ch <- prometheus.MustNewConstMetric(requestsExceeded, prometheus.CounterValue, float64(req))
-	opts := []rrl.CollectorOption{rrl.CollectHandler(p.handler), rrl.CollectLimiter(p.limiter)}
+	opts := []rrlprom.CollectorOption{rrlprom.CollectHandler(p.handler), rrlprom.CollectLimiter(p.limiter)}
 	if f := p.firstFilter(); f != nil {
-		opts = append(opts, rrl.CollectFilter(f))
+		opts = append(opts, rrlprom.CollectFilter(f))
 	}
-	rrl.NewCollector(namespace, p.rrl, opts...).Collect(ch)
+	rrlprom.NewCollector(namespace, p.rrl, opts...).Collect(ch)
 }
 
 // exceeded returns coredns/rrl's two counts: responses over their limits and

@@ -30,6 +30,7 @@ type RRL struct {
 	// filter does not do it on every listener (off, not yet attached, or attached
 	// in classic mode for want of privilege).
 	limiter *rrl.Limiter
+	cookies *rrl.Cookies // nil without the cookies property
 	kernel  bool
 	// kernelLimits is true while every listener that attached has the eBPF filter
 	// and none failed: the kernel already holds UDP queries to requests-per-second.
@@ -60,6 +61,7 @@ func newPlugin(s *settings) (*RRL, error) {
 			c.SetPrevious(*s.prev)
 		}
 		opts = append(opts, rrl.WithCookies(c))
+		p.cookies = c
 	}
 	p.handler = rrl.NewHandler(inner{p}, r, opts...)
 	return p, nil
