@@ -104,6 +104,9 @@ func configMapSpec() *ebpf.MapSpec {
 	}
 }
 
+// maxPinID is the largest uid or gid a pin can be given.
+const maxPinID = 1<<32 - 2
+
 // pinState is what a Filter opened from pins knows about them.
 type pinState struct {
 	dir      string
@@ -122,6 +125,16 @@ type pinState struct {
 func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 	if cfg == nil {
 		cfg = NewConfig()
+	}
+	for _, id := range [...]struct {
+		name string
+		v    int
+	}{{"uid", uid}, {"gid", gid}} {
+		// chown takes 32-bit IDs, and (uid_t)-1 means "no change": anything else
+		// outside 0..2^32-2 would be truncated into another, unintended owner.
+		if id.v != -1 && (id.v < 0 || int64(id.v) > maxPinID) {
+			return fmt.Errorf("rrl: load pinned filter: %s %d out of range 0..%d (or -1)", id.name, id.v, maxPinID)
+		}
 	}
 	created, err := preparePinDir(pinDir)
 	if err != nil {
