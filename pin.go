@@ -133,7 +133,7 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 		// chown takes 32-bit IDs, and (uid_t)-1 means "no change": anything else
 		// outside 0..2^32-2 would be truncated into another, unintended owner.
 		if id.v != -1 && (id.v < 0 || int64(id.v) > maxPinID) {
-			return fmt.Errorf("rrl: load pinned filter: %s %d out of range 0..%d (or -1)", id.name, id.v, maxPinID)
+			return fmt.Errorf("rrl: load pinned filter: %s %d out of range 0..%d (or -1)", id.name, id.v, int64(maxPinID))
 		}
 	}
 	created, err := preparePinDir(pinDir)
