@@ -22,7 +22,7 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 7
+const layoutVersion = 8
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -44,6 +44,7 @@ type Filter struct {
 	objs    *kernelObjects
 	sockets []attachedSocket // sockets attached, checked against socketOwners
 	pin     *pinState        // opened from pins (pin.go): Close leaves the pins in place
+	cookies *kernelCookies   // the secrets of UseCookies (kernelcookie.go)
 }
 
 // kernelObjects are the program and maps production loads: test-only programs and
@@ -55,12 +56,17 @@ type kernelObjects struct {
 	Counters *ebpf.Map     `ebpf:"rrl_counters"`
 	Exempt4  *ebpf.Map     `ebpf:"rrl_exempt4"`
 	Exempt6  *ebpf.Map     `ebpf:"rrl_exempt6"`
-	Limited  *ebpf.Map     `ebpf:"rrl_limited"`
+	// The server cookie secrets (kernelcookie.go); nil for a pinned filter opened
+	// without write access to them. The lookup's per-CPU scratch map is only the
+	// program's: the loader creates it, and the program holds it.
+	CookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
+	// The groups the request limiter refused lately (limited.go).
+	Limited *ebpf.Map `ebpf:"rrl_limited"`
 }
 
 func (o *kernelObjects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Limited} {
+	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets, o.Limited} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
@@ -321,6 +327,7 @@ func (f *Filter) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
+	f.stopCookies()
 	for _, s := range f.sockets {
 		if !f.owns(s) {
 			continue

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"net/netip"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -104,11 +105,52 @@ type cookieKeys struct {
 // secret are reported as CookieValidReissue so the client gets one made with the
 // current secret.
 //
+// Filter.UseCookies gives a kernel filter the same secrets; SetPrevious, Rotate and
+// ClearPrevious then reach every such filter before they return.
+//
 // Make one with NewCookies (the zero value has no secret and panics). The methods
 // are safe for concurrent use; Verify and AppendCookie do not lock and do not
 // allocate.
 type Cookies struct {
 	keys atomic.Pointer[cookieKeys]
+
+	// sinks receive every change of keys: the kernel filters using these secrets
+	// (Filter.UseCookies). Changes are published under sinksMu so that the last
+	// keys written to every sink are the latest.
+	sinksMu sync.Mutex
+	sinks   map[cookieSink]struct{}
+}
+
+// cookieSink is told the keys whenever they change.
+type cookieSink interface {
+	setCookieKeys(k *cookieKeys)
+}
+
+// publish gives every sink the current keys.
+func (c *Cookies) publish() {
+	c.sinksMu.Lock()
+	defer c.sinksMu.Unlock()
+	k := c.keys.Load()
+	for s := range c.sinks {
+		s.setCookieKeys(k)
+	}
+}
+
+// subscribe adds s to the sinks and gives it the current keys.
+func (c *Cookies) subscribe(s cookieSink) {
+	c.sinksMu.Lock()
+	defer c.sinksMu.Unlock()
+	if c.sinks == nil {
+		c.sinks = map[cookieSink]struct{}{}
+	}
+	c.sinks[s] = struct{}{}
+	s.setCookieKeys(c.keys.Load())
+}
+
+func (c *Cookies) unsubscribe(s cookieSink) {
+	c.sinksMu.Lock()
+	defer c.sinksMu.Unlock()
+	delete(c.sinks, s)
 }
 
 // NewCookies returns a Cookies making cookies with secret.
@@ -126,6 +168,7 @@ func (c *Cookies) SetPrevious(secret CookieSecret) {
 		k := *old
 		k.previous, k.hasPrev = newSipKey(secret), true
 		if c.keys.CompareAndSwap(old, &k) {
+			c.publish()
 			return
 		}
 	}
@@ -138,6 +181,7 @@ func (c *Cookies) ClearPrevious() {
 		k := *old
 		k.previous, k.hasPrev = sipKey{}, false
 		if c.keys.CompareAndSwap(old, &k) {
+			c.publish()
 			return
 		}
 	}
@@ -150,6 +194,7 @@ func (c *Cookies) Rotate(newSecret CookieSecret) {
 		old := c.keys.Load()
 		k := cookieKeys{current: newSipKey(newSecret), previous: old.current, hasPrev: true}
 		if c.keys.CompareAndSwap(old, &k) {
+			c.publish()
 			return
 		}
 	}

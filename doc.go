@@ -12,7 +12,10 @@
 // kernel filter the host allows, runs the request limits in Go wherever the eBPF
 // filter is not in force, and puts response rate limiting, DNS cookies and the TCP
 // connection limit in front of the server's handler, so that every limit applies
-// exactly once; [Protection.Status] says which protection is in force and why.
+// exactly once; [Protection.Status] says which protection is in force and why. The
+// eBPF filter also verifies the Handler's DNS server cookies ([Filter.UseCookies]): a
+// query with a valid one has proved its address and is limited only at that
+// address's own limit, so real resolvers inside a flooded network keep their answers.
 //
 // The kernel filter needs Linux. The package builds on every platform: elsewhere
 // [Attach] and the other calls of the kernel filter return an error matching

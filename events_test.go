@@ -243,9 +243,9 @@ func TestLimiterEvents(t *testing.T) {
 		now := int64(time.Second)
 		for i := range 2000 {
 			now += step
-			l.DecideAt(heavy, now, uint32(i*2654435761))
+			l.decideAt(heavy, now, uint32(i*2654435761))
 			if i%100 == 0 {
-				l.DecideAt(light, now, uint32(i))
+				l.decideAt(light, now, uint32(i))
 			}
 		}
 		ev := log.take()
@@ -259,7 +259,7 @@ func TestLimiterEvents(t *testing.T) {
 		// The flood stops; the light source goes on and its packets run the sweep.
 		for range 30 {
 			now += 100 * step
-			l.DecideAt(light, now, 7)
+			l.decideAt(light, now, 7)
 		}
 		ev = log.take()
 		if len(ev) != 1 || !ev[0].Stop || ev[0].Network != netip.MustParsePrefix("192.0.2.77/32") || ev[0].Rate >= 100 {
@@ -289,7 +289,7 @@ func TestLimiterEventsFlood(t *testing.T) {
 		b[0], b[1], b[2], b[3] = 10, byte(i>>16), byte(i>>8), byte(i)
 		src := netip.AddrPortFrom(netip.AddrFrom4(b), 5000)
 		for k := range 10 {
-			l.DecideAt(src, now+int64(k)*1000, uint32(k)*0x9e3779b9)
+			l.decideAt(src, now+int64(k)*1000, uint32(k)*0x9e3779b9)
 		}
 		now += 20 * int64(time.Microsecond)
 	}

@@ -147,7 +147,7 @@ func TestExemptManyPrefixes(t *testing.T) {
 		if _, ipr, _ := rl.DebitAddrPort(netip.AddrPortFrom(a, 53), true, &www); (ipr == IPExempt) != want {
 			t.Fatalf("Debit(%v): %v, exempt by the linear scan: %v", a, ipr, want)
 		}
-		if v := lim.DecideAt(netip.AddrPortFrom(a, 53), 1e9, 0); v.Exempt != want {
+		if v := lim.decideAt(netip.AddrPortFrom(a, 53), 1e9, 0); v.Exempt != want {
 			t.Fatalf("Limiter(%v): exempt %v, by the linear scan: %v", a, v.Exempt, want)
 		}
 	}

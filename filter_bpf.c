@@ -29,7 +29,7 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-#define LAYOUT_VERSION 7
+#define LAYOUT_VERSION 8
 
 #define MAX_LEVELS 5
 #define NODE_IPV4_FIRST 0
@@ -129,7 +129,9 @@ enum counter {
 	COUNTER_REPORT_ONLY,      // would have been dropped (any reason), passed in report-only mode
 	COUNTER_ERROR,            // internal failure, passed
 	COUNTER_LIMITED0,         // limited by a level: COUNTER_LIMITED0 + step.limited
-	COUNTER_MAX = COUNTER_LIMITED0 + NUM_LIMITED,
+	COUNTER_COOKIE_PASSED = COUNTER_LIMITED0 + NUM_LIMITED, // passed on a valid server cookie
+	COUNTER_COOKIE_INVALID,   // a server cookie that does not verify: judged as without one
+	COUNTER_MAX,
 };
 
 // Per CPU: the packet counters and the state of the live clock (clock_now), placed
@@ -225,6 +227,62 @@ struct {
 	__type(key, struct exempt6_key);
 	__type(value, __u8);
 } rrl_exempt6 SEC(".maps");
+
+// ---- Server cookies (cookie.go) ----
+
+#define COOKIE_OPTION 10
+#define COOKIE_LEN 24             // client cookie (8) and RFC 9018 server cookie (16)
+#define COOKIE_VERSION 1
+#define COOKIE_MAX_AGE 3600
+#define COOKIE_MAX_FUTURE 300
+#define OPT_TYPE 41
+#define OPT_FIXED_LEN 11          // root name, type, class, TTL, RDLENGTH
+// The smallest query that can hold a cookie: header, root question, OPT, option.
+#define MIN_COOKIE_QUERY (DNS_HEADER_LEN + 5 + OPT_FIXED_LEN + 4 + COOKIE_LEN)
+// How much of a query after its header the cookie lookup reads in one load: room
+// for the longest question name (255 bytes), the OPT record and options before the
+// cookie. A cookie that ends further in is not looked at.
+#define COOKIE_SCAN 512
+#define COOKIE_SCAN_MASK (COOKIE_SCAN - 1)
+#define MAX_NAME_LEN 255
+#define MAX_OPTIONS 32            // options looked at, the cookie included
+
+struct sip_key {
+	__u64 k0, k1;             // the CookieSecret's two little-endian halves
+};
+
+// The server cookie secrets and the wall clock, written by the Go side
+// (kernelcookie.go) into a map of their own: rotating secrets and updating the
+// settings never write the same map.
+struct cookie_secrets {
+	__u32 layout_version;
+	__u8 has_current;         // 0: look for no cookie
+	__u8 has_previous;
+	__u16 pad;
+	__s64 wall_offset_ns;     // CLOCK_REALTIME minus the program's clock (clock_now)
+	struct sip_key current;
+	struct sip_key previous;
+};
+
+// Per CPU, the part of a query after its header, read in one load for the cookie
+// lookup; indexes are masked to COOKIE_SCAN_MASK, so reads run into the slack.
+struct cookie_scratch {
+	__u8 b[COOKIE_SCAN + 32];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cookie_secrets);
+} rrl_cookie_secrets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cookie_scratch);
+} rrl_cookie_scratch SEC(".maps");
 
 // 2^(-i/64) in fixed point, i = 0..64 (decayTable in countmin.go).
 static const __u64 decay_table[(1 << DECAY_TABLE_SHIFT) + 1] = {
@@ -357,6 +415,8 @@ struct packet {
 	__u8 v4;
 	__u8 dns_flags;    // third byte of the DNS header (QR, opcode, AA, TC, RD)
 	__u32 dns_len;     // UDP payload length
+	__u32 dns_off;     // offset of the DNS header from the network header
+	__u64 dns_counts;  // QDCOUNT, ANCOUNT, NSCOUNT, ARCOUNT (meaningful if dns_len >= 12)
 };
 
 enum parse_result {
@@ -371,16 +431,27 @@ static __always_inline int load_net(struct __sk_buff *skb, __u32 off, void *to, 
 }
 
 // The headers of a plain IPv4 or IPv6 DNS query, read with one helper call.
+// The whole DNS header is read, for the section counts the cookie lookup checks first.
+#define DNS_HEADER_LEN 12
+
+// A DNS header: the first four bytes, then the four section counts as two aligned
+// words.
+struct dns_header {
+	__u8 b[4];
+	__be32 qd_an;
+	__be32 ns_ar;
+};
+
 struct fast_v4 {
 	struct iphdr ip;
 	struct udphdr udp;
-	__u8 dns[3];
+	struct dns_header dns;
 };
 
 struct fast_v6 {
 	struct ipv6hdr ip;
 	struct udphdr udp;
-	__u8 dns[3];
+	struct dns_header dns;
 };
 
 static __always_inline void set_udp(struct packet *p, struct udphdr *udp, __u8 *dns)
@@ -389,6 +460,14 @@ static __always_inline void set_udp(struct packet *p, struct udphdr *udp, __u8 *
 	__u32 ulen = bpf_ntohs(udp->len);
 	p->dns_len = ulen >= sizeof(*udp) ? ulen - sizeof(*udp) : 0;
 	p->dns_flags = p->dns_len >= 3 ? dns[2] : 0;
+}
+
+// set_counts keeps the DNS header's four section counts. For a payload shorter than
+// a header they are whatever followed it, harmless: a cookie is looked for only in
+// a payload long enough to hold one.
+static __always_inline void set_counts(struct packet *p, const struct dns_header *dns)
+{
+	p->dns_counts = (__u64)bpf_ntohl(dns->qd_an) << 32 | bpf_ntohl(dns->ns_ar);
 }
 
 static __always_inline void set_ipv6_source(struct packet *p, struct ipv6hdr *ip6)
@@ -424,7 +503,9 @@ static __always_inline int parse_fast(struct __sk_buff *skb, struct packet *p)
 		p->v4 = 1;
 		p->hi = 0;
 		p->lo = bpf_ntohl(h.ip.saddr);
-		set_udp(p, &h.udp, h.dns);
+		set_udp(p, &h.udp, h.dns.b);
+		set_counts(p, &h.dns);
+		p->dns_off = sizeof(h.ip) + sizeof(h.udp);
 		return PARSE_OK;
 	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
@@ -432,7 +513,9 @@ static __always_inline int parse_fast(struct __sk_buff *skb, struct packet *p)
 		if (load_net(skb, 0, &h, sizeof(h)) || h.ip.nexthdr != IPPROTO_UDP)
 			return -1;
 		set_ipv6_source(p, &h.ip);
-		set_udp(p, &h.udp, h.dns);
+		set_udp(p, &h.udp, h.dns.b);
+		set_counts(p, &h.dns);
+		p->dns_off = sizeof(h.ip) + sizeof(h.udp);
 		return PARSE_OK;
 	}
 	return PARSE_NOT_DNS;
@@ -495,11 +578,17 @@ static __noinline int parse_general(struct __sk_buff *skb, struct packet *p)
 	struct udphdr udp;
 	if (load_net(skb, off, &udp, sizeof(udp)))
 		return PARSE_ERROR;
-	__u8 dns[3] = {};
-	set_udp(p, &udp, dns);
-	if (p->dns_len >= 3 && load_net(skb, off + sizeof(udp), dns, sizeof(dns)))
+	struct dns_header dns = {};
+	set_udp(p, &udp, dns.b);
+	p->dns_off = off + sizeof(udp);
+	if (p->dns_len >= DNS_HEADER_LEN) {
+		if (load_net(skb, p->dns_off, &dns, DNS_HEADER_LEN))
+			return PARSE_ERROR;
+	} else if (p->dns_len >= 3 && load_net(skb, p->dns_off, &dns, 3)) {
 		return PARSE_ERROR;
-	p->dns_flags = dns[2];
+	}
+	p->dns_flags = dns.b[2];
+	set_counts(p, &dns);
 	return PARSE_OK;
 }
 
@@ -543,6 +632,197 @@ static __always_inline int is_exempt(struct settings *s, struct packet *p)
 	__builtin_memcpy(&k.addr[0], &hi, 8);
 	__builtin_memcpy(&k.addr[8], &lo, 8);
 	return bpf_map_lookup_elem(&rrl_exempt6, &k) != NULL;
+}
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define le64(x) (x)
+#else
+#define le64(x) __builtin_bswap64(x)
+#endif
+
+#define ROTL64(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                        \
+	do {                                                            \
+		v0 += v1; v1 = ROTL64(v1, 13); v1 ^= v0; v0 = ROTL64(v0, 32); \
+		v2 += v3; v3 = ROTL64(v3, 16); v3 ^= v2;                \
+		v0 += v3; v3 = ROTL64(v3, 21); v3 ^= v0;                \
+		v2 += v1; v1 = ROTL64(v1, 17); v1 ^= v2; v2 = ROTL64(v2, 32); \
+	} while (0)
+
+// siphash24 is SipHash-2-4 keyed by k over a message of nblocks (at most 4) 8-byte
+// little-endian words m and the final word last (the tail bytes and the length in
+// the top byte). A subprogram with one copy of the round in one loop (two rounds per
+// word, then four): every attached socket pays for the program's size, and only
+// queries that carry a server cookie call it.
+static __noinline __u64 siphash24(const struct sip_key *k, const __u64 *m, __u32 nblocks, __u64 last)
+{
+	__u64 v0 = k->k0 ^ 0x736f6d6570736575ULL;
+	__u64 v1 = k->k1 ^ 0x646f72616e646f6dULL;
+	__u64 v2 = k->k0 ^ 0x6c7967656e657261ULL;
+	__u64 v3 = k->k1 ^ 0x7465646279746573ULL;
+	__u64 word = last;
+	// Rounds 2i and 2i+1 take word i (m, then last); then four more rounds.
+#pragma clang loop unroll(disable)
+	for (__u64 r = 0; r < 2 * 5 + 4; r++) {
+		__u64 i = r >> 1;
+		if (i > nblocks + 2)
+			break;
+		if (!(r & 1) && i <= nblocks) {
+			word = i < nblocks ? m[i & 3] : last;
+			v3 ^= word;
+		}
+		SIPROUND;
+		if ((r & 1) && i <= nblocks) {
+			v0 ^= word;
+			if (i == nblocks)
+				v2 ^= 0xff;
+		}
+	}
+	return v0 ^ v1 ^ v2 ^ v3;
+}
+
+enum cookie_verdict {
+	COOKIE_NONE,    // no server cookie of the RFC 9018 size: judged as today
+	COOKIE_PROVEN,  // a server cookie Cookies.Verify finds valid
+	COOKIE_INVALID, // a server cookie that is not: judged as without one
+};
+
+// find_cookie looks for the query's COOKIE option in an OPT record right after the
+// only question, whose name it walks label by label (a compression pointer or an
+// extended label type ends the search). It returns 0 when there is none where it
+// looks, else the offset of the option's data from the end of the DNS header in the
+// low 16 bits and the option's length (capped at 255) above them.
+//
+static __always_inline __u32 find_cookie(struct __sk_buff *skb, __u32 dns_off, __u32 dns_len)
+{
+	__u32 zero = 0;
+	struct cookie_scratch *sc = bpf_map_lookup_elem(&rrl_cookie_scratch, &zero);
+	if (!sc || dns_len < MIN_COOKIE_QUERY)
+		return 0;
+	// Indexes are 64-bit: the verifier keeps the bounds of a 64-bit register
+	// through the checks, not those of a 32-bit one zero-extended into a copy.
+	__u64 n = dns_len - DNS_HEADER_LEN;
+	if (n > COOKIE_SCAN)
+		n = COOKIE_SCAN;
+	barrier_var(n);
+	if (n < MIN_COOKIE_QUERY - DNS_HEADER_LEN || n > COOKIE_SCAN)
+		return 0;
+	if (load_net(skb, dns_off + DNS_HEADER_LEN, sc->b, n))
+		return 0;
+	const __u8 *b = sc->b;
+	__u64 i = 0;
+#pragma clang loop unroll(disable)
+	for (int k = 0; k <= MAX_NAME_LEN / 2; k++) {
+		__u8 l = b[i & COOKIE_SCAN_MASK];
+		if (l == 0)
+			goto name_end;
+		if (l & 0xc0)
+			return 0;
+		i += l + 1;
+		if (i >= MAX_NAME_LEN || i >= n)
+			return 0;
+	}
+	return 0;
+name_end:
+	i += 1 + 4; // the root label, QTYPE, QCLASS
+	if (i + OPT_FIXED_LEN > n)
+		return 0;
+	i &= COOKIE_SCAN_MASK;
+	if (b[i] != 0 || b[i + 1] != 0 || b[i + 2] != OPT_TYPE)
+		return 0;
+	__u64 o = i + OPT_FIXED_LEN;
+	__u64 end = o + ((__u64)b[i + 9] << 8 | b[i + 10]);
+	if (end > n)
+		return 0;
+#pragma clang loop unroll(disable)
+	for (int k = 0; k < MAX_OPTIONS; k++) {
+		if (o + 4 > end)
+			return 0;
+		o &= COOKIE_SCAN_MASK;
+		__u64 code = (__u64)b[o] << 8 | b[o + 1];
+		__u64 olen = (__u64)b[o + 2] << 8 | b[o + 3];
+		if (code == COOKIE_OPTION) {
+			if (o + 4 + olen > end)
+				return 0;
+			return (o + 4) | (olen > 255 ? 255 : olen) << 16;
+		}
+		o += 4 + olen;
+	}
+	return 0;
+}
+
+// check_cookie judges the server cookie of a query whose DNS header is at dns_off
+// (bits 32..63 of where), dns_len bytes long (bits 1..31), from source (hi, lo), IPv4
+// if bit 0 of where is set, at now on the program's clock, as Cookies.Verify does:
+// version 1, a timestamp no more than COOKIE_MAX_AGE seconds old and
+// COOKIE_MAX_FUTURE ahead of the wall clock, and SipHash-2-4 over client cookie |
+// version | reserved | timestamp | address with the current or the previous secret.
+//
+// A global function: the verifier checks it once, on its own, instead of walking
+// every label count at every place the caller's state differs (which took a second
+// of loading), and the code that only cookie queries run stays out of the caller's
+// registers.
+__noinline int check_cookie(struct __sk_buff *skb, __u64 where, __u64 now, __u64 hi, __u64 lo)
+{
+	__u32 zero = 0;
+	__u32 dns_off = where >> 32, dns_len = (__u32)where >> 1;
+	struct cookie_secrets *sec = bpf_map_lookup_elem(&rrl_cookie_secrets, &zero);
+	if (!sec || !sec->has_current)
+		return COOKIE_NONE;
+	__u32 found = find_cookie(skb, dns_off, dns_len);
+	__u32 at = found & 0xffff, len = found >> 16;
+	if (!at)
+		return COOKIE_NONE;
+	if (len != COOKIE_LEN)
+		// Other server cookie sizes RFC 7873 allows are not ours (CookieBad).
+		return len >= 16 && len <= 40 ? COOKIE_INVALID : COOKIE_NONE;
+	__u64 ck[3];
+	if (load_net(skb, dns_off + DNS_HEADER_LEN + at, ck, sizeof(ck)))
+		return COOKIE_NONE;
+	__u64 w = le64(ck[1]); // version, reserved, timestamp
+	if ((w & 0xff) != COOKIE_VERSION)
+		return COOKIE_INVALID;
+	__u32 wall = (__u64)((__s64)now + sec->wall_offset_ns) / 1000000000ULL;
+	__s32 age = (__s32)(wall - __builtin_bswap32((__u32)(w >> 32)));
+	if (age > COOKIE_MAX_AGE || age < -COOKIE_MAX_FUTURE)
+		return COOKIE_INVALID;
+	__u64 m[4] = {le64(ck[0]), w};
+	__u32 nblocks = 2;
+	__u64 last;
+	if (where & 1) {
+		// An IPv4 client is hashed as 4 bytes, from a dual-stack socket too.
+		last = (__u64)__builtin_bswap32((__u32)lo) | (20ULL << 56);
+	} else {
+		m[2] = __builtin_bswap64(hi);
+		m[3] = __builtin_bswap64(lo);
+		nblocks = 4;
+		last = 32ULL << 56;
+	}
+	__u64 want = le64(ck[2]);
+	if (siphash24(&sec->current, m, nblocks, last) == want)
+		return COOKIE_PROVEN;
+	if (sec->has_previous && siphash24(&sec->previous, m, nblocks, last) == want)
+		return COOKIE_PROVEN;
+	return COOKIE_INVALID;
+}
+
+// may_hold_cookie is the cheap test every query takes: one question, no answers or
+// authority, an additional record, and room for a cookie.
+static __always_inline int may_hold_cookie(const struct packet *p)
+{
+	return (p->dns_counts >> 16) == 0x000100000000ULL && (p->dns_counts & 0xffff) &&
+	       p->dns_len >= MIN_COOKIE_QUERY;
+}
+
+// own_address_step reports whether st, a family's first step, keys on the whole
+// source address (/32 or /128), the only group a proven query is judged in.
+static __always_inline int own_address_step(const struct step *st, __u32 v4)
+{
+	if (st->port_mask)
+		return 0;
+	if (v4)
+		return st->mask_lo == 0xffffffffULL;
+	return (st->mask_hi & st->mask_lo) == ~0ULL;
 }
 
 // judgement holds the draw of the packet being judged, taken when a node first needs
@@ -702,6 +982,18 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 	__u32 steps = s->steps[fam];
 	int refused = 0;
 	__u64 decider = 0;        // the refusing step's limited counter
+	// A query with a valid server cookie comes from the address it claims: it is
+	// judged only in its own address's node, not in the groups it shares.
+	int proven = 0;
+	if (may_hold_cookie(&p)) {
+		int v = check_cookie(skb, (__u64)p.dns_off << 32 | p.dns_len << 1 | p.v4, now, p.hi, p.lo);
+		if (v == COOKIE_PROVEN && (!steps || own_address_step(&s->step[fam][0], p.v4))) {
+			steps = steps ? 1 : 0;
+			proven = 1;
+		} else if (v == COOKIE_INVALID) {
+			count(c, COUNTER_COOKIE_INVALID);
+		}
+	}
 	// The hash's first round depends on the key's hi word only, which is 0 for
 	// IPv4 sources, the port and the total node, and the same for IPv6 levels of
 	// /64 and longer: it is computed again only when hi changes.
@@ -746,6 +1038,8 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 			record_limited(skb, s, decider, &j);
 		goto drop;
 	}
+	if (proven)
+		count(c, COUNTER_COOKIE_PASSED);
 	goto pass;
 
 drop:

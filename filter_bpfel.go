@@ -19,11 +19,35 @@ type filterCell struct {
 	Last  uint64
 }
 
+type filterCookieScratch struct {
+	_ structs.HostLayout
+	B [544]uint8
+}
+
+type filterCookieSecrets struct {
+	_             structs.HostLayout
+	LayoutVersion uint32
+	HasCurrent    uint8
+	HasPrevious   uint8
+	Pad           uint16
+	WallOffsetNs  int64
+	Current       struct {
+		_  structs.HostLayout
+		K0 uint64
+		K1 uint64
+	}
+	Previous struct {
+		_  structs.HostLayout
+		K0 uint64
+		K1 uint64
+	}
+}
+
 type filterCounters struct {
 	_           structs.HostLayout
 	ClockSync   uint64
 	ClockOffset uint64
-	Value       [173]uint64
+	Value       [175]uint64
 }
 
 type filterExempt4Key struct {
@@ -113,17 +137,19 @@ type filterTestInput struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	filterMapRrlCells       = "rrl_cells"
-	filterMapRrlCounters    = "rrl_counters"
-	filterMapRrlExempt4     = "rrl_exempt4"
-	filterMapRrlExempt6     = "rrl_exempt6"
-	filterMapRrlLimited     = "rrl_limited"
-	filterMapRrlSettings    = "rrl_settings"
-	filterMapRrlTestFp      = "rrl_test_fp"
-	filterMapRrlTestInput   = "rrl_test_input"
-	filterProgRrlFilter     = "rrl_filter"
-	filterProgRrlFilterTest = "rrl_filter_test"
-	filterProgRrlFpTest     = "rrl_fp_test"
+	filterMapRrlCells         = "rrl_cells"
+	filterMapRrlCookieScratch = "rrl_cookie_scratch"
+	filterMapRrlCookieSecrets = "rrl_cookie_secrets"
+	filterMapRrlCounters      = "rrl_counters"
+	filterMapRrlExempt4       = "rrl_exempt4"
+	filterMapRrlExempt6       = "rrl_exempt6"
+	filterMapRrlLimited       = "rrl_limited"
+	filterMapRrlSettings      = "rrl_settings"
+	filterMapRrlTestFp        = "rrl_test_fp"
+	filterMapRrlTestInput     = "rrl_test_input"
+	filterProgRrlFilter       = "rrl_filter"
+	filterProgRrlFilterTest   = "rrl_filter_test"
+	filterProgRrlFpTest       = "rrl_fp_test"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -177,14 +203,16 @@ type filterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterMapSpecs struct {
-	RrlCells     *ebpf.MapSpec `ebpf:"rrl_cells"`
-	RrlCounters  *ebpf.MapSpec `ebpf:"rrl_counters"`
-	RrlExempt4   *ebpf.MapSpec `ebpf:"rrl_exempt4"`
-	RrlExempt6   *ebpf.MapSpec `ebpf:"rrl_exempt6"`
-	RrlLimited   *ebpf.MapSpec `ebpf:"rrl_limited"`
-	RrlSettings  *ebpf.MapSpec `ebpf:"rrl_settings"`
-	RrlTestFp    *ebpf.MapSpec `ebpf:"rrl_test_fp"`
-	RrlTestInput *ebpf.MapSpec `ebpf:"rrl_test_input"`
+	RrlCells         *ebpf.MapSpec `ebpf:"rrl_cells"`
+	RrlCookieScratch *ebpf.MapSpec `ebpf:"rrl_cookie_scratch"`
+	RrlCookieSecrets *ebpf.MapSpec `ebpf:"rrl_cookie_secrets"`
+	RrlCounters      *ebpf.MapSpec `ebpf:"rrl_counters"`
+	RrlExempt4       *ebpf.MapSpec `ebpf:"rrl_exempt4"`
+	RrlExempt6       *ebpf.MapSpec `ebpf:"rrl_exempt6"`
+	RrlLimited       *ebpf.MapSpec `ebpf:"rrl_limited"`
+	RrlSettings      *ebpf.MapSpec `ebpf:"rrl_settings"`
+	RrlTestFp        *ebpf.MapSpec `ebpf:"rrl_test_fp"`
+	RrlTestInput     *ebpf.MapSpec `ebpf:"rrl_test_input"`
 }
 
 // filterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -213,19 +241,23 @@ func (o *filterObjects) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterMaps struct {
-	RrlCells     *ebpf.Map `ebpf:"rrl_cells"`
-	RrlCounters  *ebpf.Map `ebpf:"rrl_counters"`
-	RrlExempt4   *ebpf.Map `ebpf:"rrl_exempt4"`
-	RrlExempt6   *ebpf.Map `ebpf:"rrl_exempt6"`
-	RrlLimited   *ebpf.Map `ebpf:"rrl_limited"`
-	RrlSettings  *ebpf.Map `ebpf:"rrl_settings"`
-	RrlTestFp    *ebpf.Map `ebpf:"rrl_test_fp"`
-	RrlTestInput *ebpf.Map `ebpf:"rrl_test_input"`
+	RrlCells         *ebpf.Map `ebpf:"rrl_cells"`
+	RrlCookieScratch *ebpf.Map `ebpf:"rrl_cookie_scratch"`
+	RrlCookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
+	RrlCounters      *ebpf.Map `ebpf:"rrl_counters"`
+	RrlExempt4       *ebpf.Map `ebpf:"rrl_exempt4"`
+	RrlExempt6       *ebpf.Map `ebpf:"rrl_exempt6"`
+	RrlLimited       *ebpf.Map `ebpf:"rrl_limited"`
+	RrlSettings      *ebpf.Map `ebpf:"rrl_settings"`
+	RrlTestFp        *ebpf.Map `ebpf:"rrl_test_fp"`
+	RrlTestInput     *ebpf.Map `ebpf:"rrl_test_input"`
 }
 
 func (m *filterMaps) Close() error {
 	return _FilterClose(
 		m.RrlCells,
+		m.RrlCookieScratch,
+		m.RrlCookieSecrets,
 		m.RrlCounters,
 		m.RrlExempt4,
 		m.RrlExempt6,

@@ -65,5 +65,8 @@ func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return ni
 // LimitedGroups returns an error matching ErrNotSupported.
 func (f *Filter) LimitedGroups() ([]LimitedGroup, error) { return nil, errNotLinux }
 
+// UseCookies returns an error matching ErrNotSupported.
+func (f *Filter) UseCookies(c *Cookies) error { return errNotLinux }
+
 // AttachLocal returns an error matching ErrNotSupported: socket filters need Linux.
 func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) { return nil, errNotLinux }

@@ -88,6 +88,8 @@ type FilterStats struct {
 	Exempt            uint64 // from exempt-clients: passed, not counted in the sketches
 	ReportOnly        uint64 // limited, but passed because of report-only
 	Errors            uint64 // internal failures (passed)
+	CookiePassed      uint64 // passed on a valid server cookie, judged only in their address's level (Filter.UseCookies)
+	CookieInvalid     uint64 // carried a server cookie that did not verify: judged as without one
 	Nodes             []NodeStats
 }
 

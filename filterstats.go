@@ -31,6 +31,7 @@ func (f *Filter) Stats() (FilterStats, error) {
 	st.Seen, st.Passed, st.NotDNS = sum[counterSeen], sum[counterPassed], sum[counterNotDNS]
 	st.DroppedShort, st.DroppedResponse, st.DroppedReflection = sum[counterDropShort], sum[counterDropResponse], sum[counterDropReflection]
 	st.Exempt, st.ReportOnly, st.Errors = sum[counterExempt], sum[counterReportOnly], sum[counterError]
+	st.CookiePassed, st.CookieInvalid = sum[counterCookiePassed], sum[counterCookieInvalid]
 	// Each level counts in a counter of its own (limitedCounter), so a counter's
 	// label never changes; which levels are in force, and their limits, are read
 	// from the settings the kernel runs, whichever process wrote them.
@@ -72,7 +73,13 @@ const (
 	counterReportOnly
 	counterError
 	counterLimited0 // the first of numLimited: see limitedCounter
-	counterMax      = counterLimited0 + numLimited
+)
+
+// The cookie counters follow the limited ones (enum counter).
+const (
+	counterCookiePassed = counterLimited0 + numLimited + iota
+	counterCookieInvalid
+	counterMax
 )
 
 // numLimited is the number of limited counters: one for every IPv4 and IPv6 prefix

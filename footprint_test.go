@@ -60,7 +60,9 @@ func TestFilterFootprint(t *testing.T) {
 			limit = min(limit, v)
 		}
 	}
-	if optmem < 0 || optmem > limit/2 {
+	// The server cookie check (SipHash and the option lookup) takes the program from
+	// about 7.5 KB to about 12 KB: still well under two thirds of the smallest default.
+	if optmem < 0 || optmem > limit*2/3 {
 		t.Errorf("filter charged %d bytes of socket option memory; want well under optmem_max %d", optmem, limit)
 	}
 	if mapBytes > 1<<20 {

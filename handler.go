@@ -527,6 +527,19 @@ func (l *lease) Hijack() {
 	}
 }
 
+// Unwrap returns the ResponseWriter the Handler was given, so that an inner handler
+// can reach what its caller put there (the CoreDNS plugin passes the request's
+// context this way); nil after the lease. Writing to it directly bypasses the
+// Handler.
+func (l *lease) Unwrap() dns.ResponseWriter {
+	rw := l.acquire()
+	if rw == nil {
+		return nil
+	}
+	defer rw.mu.Unlock()
+	return rw.ResponseWriter
+}
+
 // SetWildcardOrigin implements WildcardReporter.
 func (l *lease) SetWildcardOrigin(origin string) {
 	if rw := l.acquire(); rw != nil {

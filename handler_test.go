@@ -441,6 +441,35 @@ type staticHandler struct{ resp *dns.Msg }
 
 func (s staticHandler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) { w.WriteMsg(s.resp) }
 
+func TestHandlerUnwrap(t *testing.T) {
+	// The inner handler reaches the writer the Handler was given through Unwrap,
+	// and writing through the Handler's writer still goes to it.
+	outer := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 5300}}
+	var got dns.ResponseWriter
+	var kept interface{ Unwrap() dns.ResponseWriter }
+	inner := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
+		u, ok := w.(interface{ Unwrap() dns.ResponseWriter })
+		if !ok {
+			t.Fatalf("%T has no Unwrap method", w)
+		}
+		got, kept = u.Unwrap(), u
+		m := new(dns.Msg)
+		m.SetReply(req)
+		w.WriteMsg(m)
+	})
+	h := NewHandler(inner, NewRRL(fixedConfig(t, "responses-per-second", "5")))
+	h.ServeDNS(outer, query("www.example.test.", dns.TypeA, false))
+	if got != dns.ResponseWriter(outer) {
+		t.Errorf("Unwrap returned %v, want the writer given to ServeDNS", got)
+	}
+	if outer.msgs != 1 {
+		t.Errorf("%d messages written, want 1", outer.msgs)
+	}
+	if w := kept.Unwrap(); w != nil {
+		t.Errorf("Unwrap after ServeDNS returned %v, want nil", w)
+	}
+}
+
 func TestHandlerLimiter(t *testing.T) {
 	// The Go request limiter drops a flood from one address before the inner
 	// handler sees it; another address is untouched.

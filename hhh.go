@@ -33,8 +33,8 @@ import (
 // trimmed to the limit rather than cut off, a packet that fits its own address's
 // limit can still be trimmed by its /24's, and everything outside an over-limit
 // group is untouched. IPv4-mapped IPv6 sources count as IPv4; sources in
-// exempt-clients pass uncounted; with report-only every packet passes and the
-// LimiterVerdict says what would have happened.
+// exempt-clients pass uncounted; with report-only every packet passes and Stats
+// count what would have happened.
 //
 // Estimator. Each node has a CountMin sketch (2 rows of 2048 cells, keyed by a
 // per-Limiter random seed) whose cells hold an exponentially decayed count with a
@@ -50,7 +50,7 @@ import (
 // group, by at most 0.13% of its node's total traffic with probability 86% per
 // group, and both rows must collide to matter.
 //
-// Memory is constant: 12 sketches of 64 KiB, 768 KiB in all (MemoryBytes), allocated
+// Memory is constant: 12 sketches of 64 KiB, 768 KiB in all, allocated
 // by NewLimiter. No per-source state exists, so spoofed random sources cannot fill a
 // table.
 //
@@ -61,7 +61,7 @@ import (
 // to 16/20 of their traffic; networks outside it are untouched.
 //
 // Concurrency. All methods are safe for concurrent use and take no locks on the
-// per-packet path (Allow, AllowAt, DecideAt): each sketch cell is updated by a
+// per-packet path (Allow, AllowAt): each sketch cell is updated by a
 // load, a computation and a store of its two words, so simultaneous arrivals on one
 // cell may occasionally count once instead of twice, as in the kernel's shared
 // maps (see cmCell). The counters are atomic. Update may be called while packets are
@@ -81,7 +81,7 @@ import (
 //		continue // over its group's limit: no parsing, no response
 //	}
 //
-// AllowAt and DecideAt take the clock and the random draw as arguments, for tests
+// AllowAt takes the clock and the random draw as arguments, for tests
 // and for replaying the kernel program's inputs.
 //
 // Create a Limiter with NewLimiter; the zero value is not usable.
@@ -191,8 +191,8 @@ func (n *LimiterNode) UnmarshalText(b []byte) error {
 	return fmt.Errorf("rrl: limiter node %q: not ipv4/N, ipv6/N, port, total or none", s)
 }
 
-// LimiterVerdict is the outcome of judging one packet.
-type LimiterVerdict struct {
+// limiterVerdict is the outcome of judging one packet.
+type limiterVerdict struct {
 	// Allowed reports whether the server should process the packet. It is always
 	// true in report-only mode.
 	Allowed bool
@@ -338,7 +338,7 @@ func (l *Limiter) Update(cfg *Config) error {
 // of the estimator's time constant, and much cheaper to read than the precise clock)
 // and a fast random source. It reports whether the server should process the query.
 func (l *Limiter) Allow(src netip.AddrPort) bool {
-	return l.DecideAt(src, coarseNanos(), rand.Uint32()).Allowed
+	return l.decideAt(src, coarseNanos(), rand.Uint32()).Allowed
 }
 
 // AllowAt judges a query from src arriving at now, in nanoseconds of a monotonic clock
@@ -346,21 +346,21 @@ func (l *Limiter) Allow(src netip.AddrPort) bool {
 // 32-bit random draw. Time that stands still or steps back counts the arrival without
 // decaying anything; negative times count as 0.
 func (l *Limiter) AllowAt(src netip.AddrPort, now int64, rand uint32) bool {
-	return l.DecideAt(src, now, rand).Allowed
+	return l.decideAt(src, now, rand).Allowed
 }
 
-// DecideAt is AllowAt with the full verdict: which node limited the packet. A source
+// decideAt is AllowAt with the full verdict: which node limited the packet. A source
 // that is not a valid address is passed uncounted.
-func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVerdict {
+func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVerdict {
 	p := l.params.Load()
 	addr := src.Addr().Unmap()
 	st := &l.stats[rand%statShards]
 	if !addr.IsValid() {
-		return LimiterVerdict{Allowed: true, node: -1}
+		return limiterVerdict{Allowed: true, node: -1}
 	}
 	if !p.exempt.empty() && p.exempt.contains(addr) {
 		st.exempt.Add(1)
-		return LimiterVerdict{Allowed: true, Exempt: true, node: -1}
+		return limiterVerdict{Allowed: true, Exempt: true, node: -1}
 	}
 	// First the key hashes of the packet's active nodes, in order: its family's
 	// levels, finest first, then the port and total nodes.
@@ -423,10 +423,10 @@ func (l *Limiter) DecideAt(src netip.AddrPort, now int64, rand uint32) LimiterVe
 		l.sweep(ev, now)
 	}
 	if decider < 0 {
-		return LimiterVerdict{Allowed: true, node: -1}
+		return limiterVerdict{Allowed: true, node: -1}
 	}
 	st.limited[decider].Add(1)
-	return LimiterVerdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
+	return limiterVerdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
 }
 
 // maskIPv4 keeps the first bits bits of the IPv4 address a (its low 32 bits).
@@ -479,9 +479,9 @@ func (l *Limiter) Stats() LimiterStats {
 	return s
 }
 
-// MemoryBytes returns the memory of the Limiter's sketches in bytes: 786,432
+// memoryBytes returns the memory of the Limiter's sketches in bytes: 786,432
 // (12 nodes x 2 rows x 2048 cells x 16 bytes), whatever the traffic.
-func (l *Limiter) MemoryBytes() int {
+func (l *Limiter) memoryBytes() int {
 	return int(unsafe.Sizeof(*l.sketch))
 }
 
@@ -501,4 +501,4 @@ func (l *Limiter) nodeLimit(node int) Fixed { return l.params.Load().limit[node]
 func (l *Limiter) nodePrefix(node int) int { return l.params.Load().prefix[node] }
 
 // nodeIndex returns the sketch index of the node that limited the packet, -1 for none.
-func (v LimiterVerdict) nodeIndex() int { return int(v.node) }
+func (v limiterVerdict) nodeIndex() int { return int(v.node) }

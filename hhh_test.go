@@ -64,7 +64,7 @@ func simulate(l *Limiter, flows []simFlow, seed uint64, from, to float64) map[st
 	}
 	for _, e := range events {
 		f := &flows[e.flow]
-		v := l.DecideAt(f.src(r), simT0+int64(e.at*second), r.Uint32())
+		v := l.decideAt(f.src(r), simT0+int64(e.at*second), r.Uint32())
 		c := out[f.group]
 		if !v.Allowed || v.Limited != NodeNone {
 			if c.firstLimited < 0 {
@@ -495,8 +495,8 @@ func TestLimiterNodes(t *testing.T) {
 			t.Errorf("node %d: prefix %d limit %v, want %d %v", w.node, l.nodePrefix(w.node), l.nodeLimit(w.node).Float64(), w.prefix, w.limit)
 		}
 	}
-	if got, want := l.MemoryBytes(), 786432; got != want || got != sketchBytes {
-		t.Errorf("MemoryBytes = %d, want %d", got, want)
+	if got, want := l.memoryBytes(), 786432; got != want || got != sketchBytes {
+		t.Errorf("memoryBytes = %d, want %d", got, want)
 	}
 	if LimiterNode(0x9999).String() == "" {
 		t.Error("unknown node has no name")
@@ -532,7 +532,7 @@ func TestLimiterTimeline(t *testing.T) {
 		step{src, 3000, maxDraw / 5, true, "none"},        // 2 s later: 43*2^-7.45 = 0.25 +1 -> 2 pps
 	)
 	for i, s := range steps {
-		v := l.DecideAt(s.src, s.ms*1_000_000, s.draw)
+		v := l.decideAt(s.src, s.ms*1_000_000, s.draw)
 		if v.Allowed != s.allowed || v.Limited.String() != s.limited {
 			t.Fatalf("step %d (%v at %d ms, draw %d): %+v, want allowed %v limited %s", i, s.src, s.ms, s.draw, v, s.allowed, s.limited)
 		}
@@ -801,7 +801,7 @@ func TestLimiterMatchesReference(t *testing.T) {
 				now -= 100_000_000 // the clock steps back now and then
 			}
 			src, draw := pop[r.IntN(len(pop))], r.Uint32()
-			v := l.DecideAt(src, now, draw)
+			v := l.decideAt(src, now, draw)
 			ok, node := ref.decide(src, now, draw)
 			if v.Allowed != ok || v.nodeIndex() != node {
 				t.Fatalf("config %d packet %d (%v): %+v (node %d), reference %v %d", ci, i, src, v, v.nodeIndex(), ok, node)
@@ -857,7 +857,7 @@ func FuzzLimiterDecide(f *testing.F) {
 			// Milliseconds from a signed pair: negative, repeated and backward times.
 			now := int64(int16(uint16(data[18])<<8|uint16(data[19]))) * 1_000_000
 			draw := uint32(data[20])<<24 | uint32(data[21])<<16 | uint32(data[22])<<8 | uint32(data[23])
-			v := l.DecideAt(src, now, draw)
+			v := l.decideAt(src, now, draw)
 			ok, node := ref.decide(src, now, draw)
 			if v.Allowed != ok || v.nodeIndex() != node {
 				t.Fatalf("%v at %d draw %#x: %+v, reference %v %d", src, now, draw, v, ok, node)
@@ -962,7 +962,7 @@ func benchLoop(b *testing.B, l *Limiter, body func(i int)) {
 	if c1, ok := threadCPU(); ok && i > 1 {
 		b.ReportMetric(float64(c1-c0)/float64(i-1), "cpu-ns/op")
 	}
-	b.ReportMetric(float64(l.MemoryBytes()), "sketch-bytes")
+	b.ReportMetric(float64(l.memoryBytes()), "sketch-bytes")
 }
 
 func BenchmarkLimiter(b *testing.B) {
@@ -994,7 +994,7 @@ func BenchmarkLimiter(b *testing.B) {
 						i++
 					}
 				})
-				b.ReportMetric(float64(l.MemoryBytes()), "sketch-bytes")
+				b.ReportMetric(float64(l.memoryBytes()), "sketch-bytes")
 			})
 		}
 	}

@@ -37,11 +37,12 @@ type testObjects struct {
 	Counters   *ebpf.Map     `ebpf:"rrl_counters"`
 	Exempt4    *ebpf.Map     `ebpf:"rrl_exempt4"`
 	Exempt6    *ebpf.Map     `ebpf:"rrl_exempt6"`
+	Secrets    *ebpf.Map     `ebpf:"rrl_cookie_secrets"`
 	Limited    *ebpf.Map     `ebpf:"rrl_limited"`
 }
 
 func (o *testObjects) Close() {
-	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Limited} {
+	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Secrets, o.Limited} {
 		c.Close()
 	}
 }

@@ -11,10 +11,10 @@ import (
 // (prefix level, source port or total) and the packet's group at that node.
 //
 // A group starts being limited when a packet is limited by its node (the first node,
-// finest first, whose limit the packet's draw exceeded, as LimiterVerdict.Limited).
+// finest first, whose limit the packet's draw exceeded, as limiterVerdict.Limited).
 // The start is reported at once, with the group's estimated rate. It stops when the
 // group's estimated rate has fallen under its limit, found by a sweep that a call of
-// Allow, AllowAt or DecideAt runs at most once per second of the packets' clock. The
+// Allow, AllowAt or decideAt runs at most once per second of the packets' clock. The
 // sketches hold no addresses, so the group is named from the packet that started it.
 //
 // Packets limited in a group already followed cost one atomic load of a small

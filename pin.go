@@ -19,13 +19,15 @@ package rrl
 //	rrl_counters  per-CPU counters                      0440
 //	rrl_cells     the sketches                          0440
 //	rrl_limited   the groups limited lately             0440
+//	rrl_cookie_secrets  server cookie secrets (UseCookies) 0220
 //
 // Every object is owned by the uid and gid given to LoadPinned, so that user (and
 // group) can attach, read statistics and the sketches, and reconfigure the filter
 // with Update; nobody else can open anything. Without a gid (-1) the group bits are
 // cleared: root's group gets nothing. Attaching needs only read access to the
-// program; counters, sketches and limited groups are read-only even for the owner, as only the
-// kernel program writes them. A directory LoadPinned
+// program; counters, sketches and limited groups are read-only even for the owner,
+// as only the kernel program writes them. The cookie secrets are write-only even for the owner
+// (opened with BPF_F_WRONLY), so no unprivileged process can read them. A directory LoadPinned
 // creates is mode 0711 and stays owned by its creator: anyone may traverse it, nobody
 // but root may list it or remove pins from it.
 //
@@ -63,6 +65,8 @@ const (
 	pinCounters = "rrl_counters"
 	pinCells    = "rrl_cells"
 	pinLimited  = "rrl_limited"
+
+	pinCookieSecrets = "rrl_cookie_secrets"
 )
 
 // pinModes are the file modes of the pins (see the top of this file).
@@ -75,10 +79,12 @@ var pinModes = map[string]os.FileMode{
 	pinCounters: 0o440,
 	pinCells:    0o440,
 	pinLimited:  0o440,
+
+	pinCookieSecrets: 0o220,
 }
 
 // pinOrder lists the pins in the order LoadPinned creates them.
-var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinLimited, pinConfig, pinProgram}
+var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinLimited, pinConfig, pinCookieSecrets, pinProgram}
 
 const (
 	// configValueSize bounds the stored Config text: room for 2,048 exempt prefixes
@@ -101,6 +107,9 @@ func configMapSpec() *ebpf.MapSpec {
 	}
 }
 
+// maxPinID is the largest uid or gid a pin can be given.
+const maxPinID = 1<<32 - 2
+
 // pinState is what a Filter opened from pins knows about them.
 type pinState struct {
 	dir      string
@@ -119,6 +128,16 @@ type pinState struct {
 func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 	if cfg == nil {
 		cfg = NewConfig()
+	}
+	for _, id := range [...]struct {
+		name string
+		v    int
+	}{{"uid", uid}, {"gid", gid}} {
+		// chown takes 32-bit IDs, and (uid_t)-1 means "no change": anything else
+		// outside 0..2^32-2 would be truncated into another, unintended owner.
+		if id.v != -1 && (id.v < 0 || int64(id.v) > maxPinID) {
+			return fmt.Errorf("rrl: load pinned filter: %s %d out of range 0..%d (or -1)", id.name, id.v, int64(maxPinID))
+		}
 	}
 	created, err := preparePinDir(pinDir)
 	if err != nil {
@@ -160,7 +179,8 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 	objects := map[string]interface{ Pin(string) error }{
 		pinProgram: objs.Program, pinSettings: objs.Settings, pinExempt4: objs.Exempt4,
 		pinExempt6: objs.Exempt6, pinConfig: cm, pinCounters: objs.Counters, pinCells: objs.Cells,
-		pinLimited: objs.Limited,
+		pinLimited:       objs.Limited,
+		pinCookieSecrets: objs.CookieSecrets,
 	}
 	var pinned []string
 	defer func() {
@@ -362,6 +382,9 @@ func OpenPinned(pinDir string) (*Filter, error) {
 		if err := m.spec.Compatible(*m.dst); err != nil {
 			return fail(fmt.Errorf("rrl: %s: %w: %w", path, ErrLayoutMismatch, err))
 		}
+	}
+	if err := openCookieSecrets(objs, spec, pinDir); err != nil {
+		return fail(err)
 	}
 	path := filepath.Join(pinDir, pinProgram)
 	// Attaching needs only read access to the program's pin; kernels that refuse a

@@ -939,3 +939,21 @@ func BenchmarkPinned(b *testing.B) {
 		}
 	})
 }
+
+// TestLoadPinnedIDsOutOfRange: IDs that chown would truncate into another owner are
+// refused before anything is pinned.
+func TestLoadPinnedIDsOutOfRange(t *testing.T) {
+	for _, c := range []struct{ uid, gid int64 }{{1 << 32, 0}, {0, 1<<32 + 1}, {-2, 0}, {0, 1<<32 - 1}} {
+		if int64(int(c.uid)) != c.uid || int64(int(c.gid)) != c.gid {
+			continue // not an int on this platform
+		}
+		dir := filepath.Join(t.TempDir(), "pins")
+		err := LoadPinned(nil, dir, int(c.uid), int(c.gid))
+		if err == nil || !strings.Contains(err.Error(), "out of range") {
+			t.Errorf("LoadPinned(uid %d, gid %d): %v, want out of range", c.uid, c.gid, err)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("uid %d gid %d: pin directory left behind: %v", c.uid, c.gid, err)
+		}
+	}
+}

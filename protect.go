@@ -64,6 +64,9 @@ type Status struct {
 	Requests RequestLimiting // where the request limits (requests-per-second, ...) apply
 	Reason   error           // why the eBPF filter is not in force; nil when it is
 	Pinned   string          // the pin directory the filter came from, or ""
+	// KernelCookies: the eBPF filter verifies the Handler's server cookies
+	// (Filter.UseCookies), so proven queries escape the limits they share.
+	KernelCookies bool
 }
 
 // String is one line for a server's log, e.g. "kernel filter: ebpf; request
@@ -74,6 +77,9 @@ func (s Status) String() string {
 		msg += " (pinned at " + s.Pinned + ")"
 	}
 	msg += "; request limits " + s.Requests.String()
+	if s.KernelCookies {
+		msg += "; server cookies verified in the kernel"
+	}
 	if s.Reason != nil {
 		msg += "; eBPF filter not in force: " + s.Reason.Error()
 	}
@@ -160,6 +166,11 @@ func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOpt
 			p.cookies = NewCookies(secret)
 		}
 		hopts = append(hopts, WithCookies(p.cookies))
+		if p.status.Filter == ModeEBPF {
+			// A pinned filter whose secrets this process may not write judges
+			// every query as without a cookie, as before.
+			p.status.KernelCookies = p.filter.UseCookies(p.cookies) == nil
+		}
 	}
 	if p.limiter != nil {
 		hopts = append(hopts, WithLimiter(p.limiter))
@@ -299,6 +310,46 @@ func (p *Protection) TCPLimiters() []*TCPLimiter {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]*TCPLimiter(nil), p.tcp...)
+}
+
+// Update applies cfg to every layer at once, keeping the response accounts, the
+// request limiter's sketches and the kernel filter's state: limits, levels,
+// slip-ratio, window, exemptions and report-only change for the next query. cfg is
+// checked before anything changes, and the kernel filter, the only layer that can
+// still fail, is updated first (all or nothing); so on error nothing has changed.
+// fresh reports that the response accounts started afresh (see RRL.Update). A pinned
+// filter's limits are the pins': Update writes them for every process attached
+// (which needs write access to the pins).
+func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
+	if cfg == nil {
+		cfg = NewConfig()
+	}
+	if err := validate(cfg); err != nil {
+		return false, err
+	}
+	if _, err := newLimiterParams(cfg); err != nil {
+		return false, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return false, ErrClosed
+	}
+	if p.filter != nil {
+		if err := p.filter.Update(cfg); err != nil {
+			return false, fmt.Errorf("rrl: update kernel filter: %w", err)
+		}
+	}
+	if p.limiter != nil {
+		if err := p.limiter.Update(cfg); err != nil {
+			return false, fmt.Errorf("rrl: update request limiter: %w", err)
+		}
+	}
+	if fresh, err = p.rrl.Update(cfg); err != nil {
+		return false, fmt.Errorf("rrl: update response rate limiting: %w", err)
+	}
+	p.cfg = cfg.clone()
+	return fresh, nil
 }
 
 // Close detaches the kernel filter (see Filter.Close) and frees it. Shut the

@@ -243,3 +243,57 @@ func TestProtectRefusesTCPSocket(t *testing.T) {
 		t.Fatalf("Protect(closed socket) = %v, %v; want an error", p, err)
 	}
 }
+
+// TestProtectUpdate: Update changes the limits of every layer at once; a
+// configuration the kernel filter refuses changes nothing anywhere.
+func TestProtectUpdate(t *testing.T) {
+	requireBPF(t)
+	for i, inject := range []error{nil, errors.New("injected")} {
+		name := "ebpf"
+		if inject != nil {
+			name = "classic"
+		}
+		t.Run(name, func(t *testing.T) {
+			if inject != nil {
+				failLoad(t, inject)
+			}
+			cfg := NewConfig()
+			cfg.SetValue("requests-per-second", "10000")
+			p, addr := startProtected(t, cfg)
+			src := func(j int) netip.Addr { return netip.AddrFrom4([4]byte{127, 0, byte(30 + i), byte(j)}) }
+			if got := burst(t, src(1), addr, 200); got != 200 {
+				t.Fatalf("before Update: %d of 200 answered", got)
+			}
+			// Too many exempt prefixes for the kernel filter, and a response limit
+			// that would show: refused, and nothing changes.
+			bad := NewConfig()
+			bad.SetValue("requests-per-second", "10000")
+			bad.SetValue("responses-per-second", "1")
+			var many []string
+			for k := range 1100 {
+				many = append(many, netip.AddrFrom4([4]byte{10, byte(k >> 8), byte(k), 0}).String()+"/24")
+			}
+			bad.SetValue("exempt-clients", strings.Join(many, " "))
+			if _, err := p.Update(bad); err == nil && inject == nil {
+				t.Fatal("Update with 1100 exempt prefixes: no error from the eBPF filter")
+			} else if err != nil {
+				if got := burst(t, src(2), addr, 200); got != 200 {
+					t.Fatalf("after a refused Update: %d of 200 answered, want the old limits", got)
+				}
+			}
+			good := NewConfig()
+			good.SetValue("requests-per-second", "20")
+			if _, err := p.Update(good); err != nil {
+				t.Fatalf("Update: %v", err)
+			}
+			if got := burst(t, src(3), addr, 400); got > 200 {
+				t.Fatalf("after Update to 20 per second: %d of 400 answered", got)
+			}
+			invalid := NewConfig()
+			invalid.window = -1
+			if _, err := p.Update(invalid); err == nil {
+				t.Fatal("Update with an invalid Config: no error")
+			}
+		})
+	}
+}

@@ -69,6 +69,7 @@ type Collector struct {
 	hResponses, hBadCookie, hExempt, hLimited, hCookies, hMalformed *prometheus.Desc
 
 	fMode, fPackets, fPassed, fNotDNS, fDropped, fLimited, fLimit, fGroups, fExempt, fReportOnly, fErrors *prometheus.Desc
+	fCookiePassed, fCookieInvalid                                                                         *prometheus.Desc
 
 	lPackets, lExempt, lLimited, lLimit *prometheus.Desc
 
@@ -128,6 +129,8 @@ func NewCollector(namespace string, r *rrl.RRL, opts ...CollectorOption) *Collec
 	c.fExempt = d("filter", "exempt_total", "Packets from exempt clients.")
 	c.fReportOnly = d("filter", "report_only_total", "Packets passed only because of report-only.")
 	c.fErrors = d("filter", "errors_total", "Internal failures of the kernel filter (packets passed).")
+	c.fCookiePassed = d("filter", "cookie_passed_total", "Queries the kernel filter passed on a valid server cookie, judged only against their own address's limit.")
+	c.fCookieInvalid = d("filter", "cookie_invalid_total", "Queries whose server cookie did not verify in the kernel filter, judged as without one.")
 
 	c.lPackets = d("limiter", "packets_total", "Packets the Go request limiter judged, by family.", "family")
 	c.lExempt = d("limiter", "exempt_total", "Packets from exempt clients, passed uncounted.")
@@ -158,6 +161,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.debits, c.actions, c.reportOnly, c.ipReasons, c.rtReasons, c.accounts, c.evictions,
 		c.hResponses, c.hBadCookie, c.hExempt, c.hLimited, c.hCookies, c.hMalformed,
 		c.fMode, c.fPackets, c.fPassed, c.fNotDNS, c.fDropped, c.fLimited, c.fLimit, c.fGroups, c.fExempt, c.fReportOnly, c.fErrors,
+		c.fCookiePassed, c.fCookieInvalid,
 		c.lPackets, c.lExempt, c.lLimited, c.lLimit,
 		c.tAccepted, c.tRefused, c.tAcceptErrors, c.tOpen, c.tClients, c.tMax,
 	} {
@@ -281,4 +285,6 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 	counter(c.fExempt, float64(st.Exempt))
 	counter(c.fReportOnly, float64(st.ReportOnly))
 	counter(c.fErrors, float64(st.Errors))
+	counter(c.fCookiePassed, float64(st.CookiePassed))
+	counter(c.fCookieInvalid, float64(st.CookieInvalid))
 }

@@ -253,3 +253,50 @@ func TestCollectorFilter(t *testing.T) {
 	checkSeries(t, c, want)
 	lint(t, c)
 }
+
+// TestCollectorFilterCookies: the collector exports the kernel filter's counters of
+// queries passed on a valid server cookie and of server cookies that did not verify.
+func TestCollectorFilterCookies(t *testing.T) {
+	requirePrivilege(t)
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	f, err := rrl.Attach(conn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cookies := rrl.NewCookies(rrl.CookieSecret{1, 2, 3})
+	if err := f.UseCookies(cookies); err != nil {
+		t.Fatal(err)
+	}
+	client, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}, conn.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	from := client.LocalAddr().(*net.UDPAddr).AddrPort().Addr()
+	send := func(c *rrl.Cookies) {
+		q := query("www.example.test.", dns.TypeA, true)
+		rrl.SetCookie(q, c.Generate([]byte("metricsc"), from, time.Now()))
+		b, _ := q.Pack()
+		client.Write(b)
+	}
+	for range 3 {
+		send(cookies)
+	}
+	send(rrl.NewCookies(rrl.CookieSecret{9}))
+	var st rrl.FilterStats
+	for deadline := time.Now().Add(5 * time.Second); st.Seen < 4 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if st, err = f.Stats(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkSeries(t, NewCollector("dns", nil, CollectFilter(f)), map[string]float64{
+		"dns_filter_packets_total":        4,
+		"dns_filter_cookie_passed_total":  3,
+		"dns_filter_cookie_invalid_total": 1,
+	})
+}

@@ -113,6 +113,8 @@ var reasons = []reason{
 	{"report-only (passed)", "report_only", false, func(s rrl.FilterStats) uint64 { return s.ReportOnly }},
 	{"not DNS (passed)", "not_dns", false, func(s rrl.FilterStats) uint64 { return s.NotDNS }},
 	{"errors (passed)", "errors", false, func(s rrl.FilterStats) uint64 { return s.Errors }},
+	{"valid cookie (passed)", "cookie_passed", false, func(s rrl.FilterStats) uint64 { return s.CookiePassed }},
+	{"invalid cookie", "cookie_invalid", false, func(s rrl.FilterStats) uint64 { return s.CookieInvalid }},
 }
 
 // limited is the number of packets the levels dropped.

@@ -28,6 +28,17 @@ var (
 
 func legitSource(i int) netip.Addr { return netip.AddrFrom4([4]byte{127, byte(10 + i), 0, 1}) }
 
+// Resolvers inside the victim network (127.66.0.201 ...) that send the server
+// cookies they learned: the flood's spoofed sources (127.66.0.1 to .200) cannot.
+const (
+	netResolvers     = 3
+	netResolverFirst = 201
+)
+
+func netResolverSource(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{127, 66, 0, byte(netResolverFirst + i)})
+}
+
 // demoOptions shape the demo traffic.
 type demoOptions struct {
 	duration  time.Duration
@@ -48,6 +59,9 @@ type demoResult struct {
 	raw      bool // the flood was spoofed with raw sockets
 
 	legitSent, legitAnswered, legitTCP int64 // queries, answered (by any try), over TCP after a slip
+
+	netRun               bool  // resolvers inside the victim network ran (the kernel verifies cookies)
+	netSent, netAnswered int64 // their queries, and those answered
 
 	floodSent                               int64 // flood packets sent
 	limiterDropped                          int64 // dropped in the kernel (eBPF) or by the Go request limiter
@@ -80,13 +94,34 @@ func runDemo(ctx context.Context, srv *server, o demoOptions) (*demoResult, erro
 	res.raw = flood.raw != nil
 
 	var wg sync.WaitGroup
-	var legit legitCounters
+	var legit, inNet legitCounters
+	// Resolvers inside the victim network show what a server cookie is worth when the
+	// kernel filter verifies it: they learn theirs before the flood, as resolvers
+	// that talk to the server already hold one.
+	var jars []*cookieJar
+	if srv.protection != nil && srv.protection.Status().KernelCookies {
+		res.netRun = true
+		for i := range netResolvers {
+			jar, err := learnCookie(netResolverSource(i), server)
+			if err != nil {
+				return nil, fmt.Errorf("resolver %s: %w", netResolverSource(i), err)
+			}
+			jars = append(jars, jar)
+		}
+	}
 	start := time.Now()
 	for i := range o.clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resolver(ctx, i, server, &legit)
+			resolver(ctx, legitSource(i), nil, server, &legit)
+		}()
+	}
+	for i, jar := range jars {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resolver(ctx, netResolverSource(i), jar, server, &inNet)
 		}()
 	}
 	floodErr := make(chan error, 1)
@@ -131,6 +166,7 @@ loop:
 	res.floodSent = flood.sent.Load()
 	res.floodBytesIn = res.floodSent * int64(len(flood.query))
 	res.legitSent, res.legitAnswered, res.legitTCP = legit.sent.Load(), legit.answered.Load(), legit.tcp.Load()
+	res.netSent, res.netAnswered = inNet.sent.Load(), inNet.answered.Load()
 	res.debit = srv.rrl.GetStats(false)
 	return res, nil
 }
@@ -176,6 +212,11 @@ func (r *demoResult) print(w io.Writer, cfg *rrl.Config) {
 	row("answered", r.legitAnswered, r.legitSent)
 	if r.legitTCP > 0 {
 		row("  of them over TCP after a truncated response", r.legitTCP, 0)
+	}
+	if r.netRun {
+		fmt.Fprintf(w, "\nresolvers inside the flooded network with server cookies (%s to %s)\n", netResolverSource(0), netResolverSource(netResolvers-1))
+		row("cookie queries sent", r.netSent, 0)
+		row("cookie queries answered", r.netAnswered, r.netSent)
 	}
 	fmt.Fprintf(w, "\namplification flood from %s: %s TXT\n", victimNet, floodQName)
 	how := "spoofed, raw socket"
@@ -240,11 +281,11 @@ var legitQuestions = []struct {
 	{"mail.example.test.", dns.TypeA, dns.RcodeSuccess},
 }
 
-// resolver is legitimate resolver i: legitRate queries per second from its own
-// address, each from a fresh source port as resolvers do, with up to three tries of
-// one second, and over TCP when a response comes back truncated.
-func resolver(ctx context.Context, i int, server netip.AddrPort, c *legitCounters) {
-	src := legitSource(i)
+// resolver is a legitimate resolver at src: legitRate queries per second, each from a
+// fresh source port as resolvers do, with up to three tries of one second, and over
+// TCP when a response comes back truncated; with a jar, each carries the server
+// cookie it holds, and it keeps the one each answer brings.
+func resolver(ctx context.Context, src netip.Addr, jar *cookieJar, server netip.AddrPort, c *legitCounters) {
 	udp := &dns.Client{Net: "udp", Timeout: time.Second, UDPSize: ednsPayload,
 		Dialer: &net.Dialer{LocalAddr: net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}}
 	tcp := &dns.Client{Net: "tcp", Timeout: 2 * time.Second,
@@ -272,11 +313,14 @@ func resolver(ctx context.Context, i int, server netip.AddrPort, c *legitCounter
 		q.SetQuestion(name, lq.qtype)
 		q.RecursionDesired = false
 		q.SetEdns0(ednsPayload, false)
+		if jar != nil {
+			rrl.SetCookie(q, jar.get())
+		}
 		c.sent.Add(1)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if ask(udp, tcp, q, server, lq.rcode, c) {
+			if ask(udp, tcp, q, server, lq.rcode, c, jar) {
 				c.answered.Add(1)
 			}
 		}()
@@ -285,12 +329,13 @@ func resolver(ctx context.Context, i int, server netip.AddrPort, c *legitCounter
 
 // ask sends q until it gets the response with rcode, retrying over TCP after a
 // truncated one.
-func ask(udp, tcp *dns.Client, q *dns.Msg, server netip.AddrPort, rcode int, c *legitCounters) bool {
+func ask(udp, tcp *dns.Client, q *dns.Msg, server netip.AddrPort, rcode int, c *legitCounters, jar *cookieJar) bool {
 	for range 3 {
 		r, _, err := udp.Exchange(q, server.String())
 		if err != nil {
 			continue // a timeout: try again, as a resolver does
 		}
+		jar.learn(r)
 		if r.Truncated {
 			c.tcp.Add(1)
 			r, _, err = tcp.Exchange(q, server.String())
@@ -301,6 +346,51 @@ func ask(udp, tcp *dns.Client, q *dns.Msg, server netip.AddrPort, rcode int, c *
 		return r.Rcode == rcode && (len(r.Answer) > 0 || len(r.Ns) > 0)
 	}
 	return false
+}
+
+// cookieJar holds a resolver's full cookie (client and server cookie).
+type cookieJar struct {
+	mu     sync.Mutex
+	cookie []byte
+}
+
+func (j *cookieJar) get() []byte {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.cookie
+}
+
+// learn keeps the cookie of answer r, if it brings a full one.
+func (j *cookieJar) learn(r *dns.Msg) {
+	if j == nil {
+		return
+	}
+	if c, ok := rrl.CookieFromMsg(r); ok && len(c) == rrl.CookieLen {
+		j.mu.Lock()
+		j.cookie = c
+		j.mu.Unlock()
+	}
+}
+
+// learnCookie asks the server once from src with a client cookie and returns the
+// jar holding the full cookie of its answer.
+func learnCookie(src netip.Addr, server netip.AddrPort) (*cookieJar, error) {
+	udp := &dns.Client{Net: "udp", Timeout: time.Second, UDPSize: ednsPayload,
+		Dialer: &net.Dialer{LocalAddr: net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}}
+	jar := &cookieJar{cookie: []byte{0xc0, 0x0c, 0x1e, 0, 0, 0, 0, byte(src.As4()[3])}}
+	q := new(dns.Msg)
+	q.SetQuestion("www.example.test.", dns.TypeA)
+	q.SetEdns0(ednsPayload, false)
+	rrl.SetCookie(q, jar.cookie)
+	for range 3 {
+		if r, _, err := udp.Exchange(q, server.String()); err == nil {
+			jar.learn(r)
+			if len(jar.get()) == rrl.CookieLen {
+				return jar, nil
+			}
+		}
+	}
+	return nil, errors.New("no server cookie in the answers")
 }
 
 // flooder sends the spoofed flood: from a raw socket when it may open one, else
@@ -358,7 +448,7 @@ func (f *flooder) run(ctx context.Context, rate float64, start time.Time) error 
 			var err error
 			if f.raw != nil {
 				host := victimNet.Addr().As4()
-				host[3] = byte(1 + rand.IntN(254))
+				host[3] = byte(1 + rand.IntN(netResolverFirst-1)) // not the network's resolvers
 				src := netip.AddrPortFrom(netip.AddrFrom4(host), uint16(1024+rand.IntN(64512)))
 				err = f.raw.Send(loadgen.IPv4Packet(src, f.server, nil, f.query))
 			} else {
@@ -409,7 +499,12 @@ func (o *observer) inner(zone dns.Handler) dns.Handler {
 
 func fromVictim(w dns.ResponseWriter) bool {
 	src, ok := w.RemoteAddr().(*net.UDPAddr)
-	return ok && victimNet.Contains(src.AddrPort().Addr().Unmap())
+	if !ok {
+		return false
+	}
+	a := src.AddrPort().Addr().Unmap()
+	// The network's resolvers (.201 and up) are not the flood.
+	return victimNet.Contains(a) && a.As4()[3] < netResolverFirst
 }
 
 func (o *observer) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {

@@ -45,7 +45,7 @@ func startTest(t *testing.T, cfg *rrl.Config, metrics string) (*server, string) 
 	return s, log.String()
 }
 
-var startLine = regexp.MustCompile(`(?m)^rrl: kernel filter: ebpf; request limits in the kernel$|^rrl: kernel filter: (classic|none); request limits in Go; eBPF filter not in force: .+$`)
+var startLine = regexp.MustCompile(`(?m)^rrl: kernel filter: ebpf; request limits in the kernel(; server cookies verified in the kernel)?$|^rrl: kernel filter: (classic|none); request limits in Go; eBPF filter not in force: .+$`)
 
 func TestServeZone(t *testing.T) {
 	s, log := startTest(t, nil, "")
@@ -367,6 +367,16 @@ func TestDemo(t *testing.T) {
 	}
 	if sendN > 20 || float64(sendN+slipN) > 0.05*float64(floodSent) {
 		t.Errorf("%d flood queries answered and %d slipped of %d", sendN, slipN, floodSent)
+	}
+	// Where the kernel filter verifies server cookies, resolvers inside the flooded
+	// network that hold one get their answers while the flood is trimmed.
+	if strings.Contains(stderr.String(), "server cookies verified in the kernel") {
+		netSent, netAnswered := rows["cookie queries sent"], rows["cookie queries answered"]
+		if netSent < 60 || float64(netAnswered) < 0.99*float64(netSent) {
+			t.Errorf("resolvers inside the flooded network: %d of %d answered, want 99%%", netAnswered, netSent)
+		}
+	} else if strings.Contains(out, "cookie queries sent") {
+		t.Errorf("resolvers inside the flooded network ran without the kernel verifying cookies")
 	}
 	if !regexp.MustCompile(`the victim received \d+ bytes for the \d+ sent in its name: 0\.\d+x`).MatchString(out) {
 		t.Errorf("no amplification line below 1x in\n%s", out)

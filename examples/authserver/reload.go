@@ -62,26 +62,15 @@ func (r *reloader) reload(s *server) error {
 	return r.apply(s, cfg)
 }
 
-// apply gives cfg to the server's RRL, Go request limiter and kernel filter. The
-// first failure stops it; what was applied before stays (each layer alone is
-// consistent, and the configuration is valid, so only the kernel can fail).
+// apply gives cfg to the server's RRL, Go request limiter and kernel filter at
+// once (Protection.Update): on error nothing has changed.
 func (r *reloader) apply(s *server, cfg *rrl.Config) error {
-	fresh, err := s.rrl.Update(cfg)
+	fresh, err := s.protection.Update(cfg)
 	if err != nil {
-		return fmt.Errorf("response rate limiting: %w", err)
+		return err
 	}
 	if fresh {
 		fmt.Fprintln(r.log, "rrl: client-network length or table size changed: response accounts start afresh")
-	}
-	if s.limiter != nil {
-		if err := s.limiter.Update(cfg); err != nil {
-			return fmt.Errorf("request limiter: %w", err)
-		}
-	}
-	if s.filter != nil {
-		if err := s.filter.Update(cfg); err != nil {
-			return fmt.Errorf("kernel filter: %w", err)
-		}
 	}
 	return nil
 }

@@ -1,0 +1,263 @@
+package coredns
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/plugin"
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+	"github.com/dnsrake/rrl"
+	"github.com/miekg/dns"
+)
+
+// Name is the plugin's name in a Corefile and in plugin.cfg.
+const Name = "rrl"
+
+var log = clog.NewWithPlugin(Name)
+
+func init() { plugin.Register(Name, setup) }
+
+// settings is what one rrl directive says.
+type settings struct {
+	zones   []string
+	cfg     *rrl.Config
+	kernel  bool              // attach the kernel filter to the block's UDP sockets
+	cookies *rrl.CookieSecret // nil: no DNS cookies
+	prev    *rrl.CookieSecret // a previous secret still accepted
+}
+
+func setup(c *caddy.Controller) error {
+	s, err := parse(c)
+	if err != nil {
+		return plugin.Error(Name, err)
+	}
+	p, err := newPlugin(s)
+	if err != nil {
+		return plugin.Error(Name, err)
+	}
+	conf := dnsserver.GetConfig(c)
+	if s.kernel {
+		// CoreDNS opens its UDP sockets after the OnStartup callbacks have run (on a
+		// first start there is no socket yet), and calls this hook from each
+		// Server's ServePacket with the socket open and before the first read: the
+		// one place a plugin runs when its listener exists. On a reload the new
+		// Servers reuse the old sockets, so the new Filter replaces the old one in
+		// place before the old instance's OnShutdown closes it.
+		prev := conf.UDPDecorateWriterFunc
+		conf.UDPDecorateWriterFunc = func(srv *dnsserver.Server) dns.DecorateWriter {
+			p.attach(srv.Addr)
+			if prev != nil {
+				return prev(srv)
+			}
+			return nil
+		}
+	}
+	host := ""
+	if len(conf.ListenHosts) > 0 {
+		host = conf.ListenHosts[0]
+	}
+	src, err := metricsSource(conf.Transport+"://"+joinHostPort(host, conf.Port), conf.Zone)
+	if err != nil {
+		return plugin.Error(Name, err)
+	}
+	c.OnStartup(func() error { src.set(p); return nil })
+	c.OnShutdown(func() error {
+		src.clear(p)
+		return p.close()
+	})
+	conf.AddPlugin(func(next plugin.Handler) plugin.Handler {
+		p.Next = next
+		return p
+	})
+	return nil
+}
+
+func joinHostPort(host, port string) string {
+	if strings.Contains(host, ":") {
+		return "[" + host + "]:" + port
+	}
+	return host + ":" + port
+}
+
+// parse reads the rrl directive of one server block:
+//
+//	rrl [ZONES...] {
+//	    window SECONDS
+//	    ipv4-prefix-length LENGTH
+//	    ipv6-prefix-length LENGTH
+//	    responses-per-second ALLOWANCE
+//	    nodata-per-second ALLOWANCE
+//	    nxdomains-per-second ALLOWANCE
+//	    referrals-per-second ALLOWANCE
+//	    errors-per-second ALLOWANCE
+//	    slip-ratio N
+//	    requests-per-second ALLOWANCE
+//	    max-table-size SIZE
+//	    report-only [true|false]
+//	    exempt-clients PREFIX...
+//	    all-per-second ALLOWANCE
+//	    qps-scale RATE
+//	    ipv4-request-levels PREFIX:FACTOR...
+//	    ipv6-request-levels PREFIX:FACTOR...
+//	    source-port-factor FACTOR
+//	    total-requests-per-second RATE
+//	    reflection-ports PORT...
+//	    kernel-filter on|off
+//	    cookies [SECRET [PREVIOUS]]
+//	}
+//
+// The first twelve are coredns/rrl's, with its defaults (slip-ratio 0: no slips) and
+// its checks; the others are this library's (see rrl.Config) and the plugin's own.
+func parse(c *caddy.Controller) (*settings, error) {
+	s := &settings{cfg: rrl.NewConfig(), kernel: true}
+	// coredns/rrl never slips unless asked to.
+	if err := s.cfg.SetValue("slip-ratio", "0"); err != nil {
+		return nil, err
+	}
+	seen := false
+	for c.Next() {
+		if seen {
+			return nil, plugin.ErrOnce
+		}
+		seen = true
+		s.zones = plugin.OriginsFromArgsOrServerBlock(c.RemainingArgs(), c.ServerBlockKeys)
+		for c.NextBlock() {
+			if err := s.property(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return s, nil
+}
+
+// property reads one line of the block, the keyword under the cursor.
+func (s *settings) property(c *caddy.Controller) error {
+	kw := c.Val()
+	args := c.RemainingArgs()
+	one := func() (string, error) {
+		if len(args) != 1 {
+			return "", c.ArgErr()
+		}
+		return args[0], nil
+	}
+	set := func(value string) error {
+		if err := s.cfg.SetValue(kw, value); err != nil {
+			return c.Errf("%s %q: %s", kw, value, reason(err))
+		}
+		return nil
+	}
+	switch kw {
+	case "window":
+		v, err := one()
+		if err != nil {
+			return err
+		}
+		// coredns/rrl takes fractional seconds; the accounts here keep whole ones,
+		// so a fraction rounds up (a balance may go a little further negative).
+		w, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(w) {
+			return c.Errf("window %q: not a number", v)
+		}
+		if w <= 0 {
+			return c.Errf("window %q: must be greater than zero", v)
+		}
+		if w > 3600 {
+			return c.Errf("window %q: at most 3600 seconds", v)
+		}
+		return set(strconv.Itoa(int(math.Ceil(w))))
+	case "ipv4-prefix-length", "ipv6-prefix-length", "responses-per-second",
+		"nodata-per-second", "nxdomains-per-second", "referrals-per-second",
+		"errors-per-second", "requests-per-second", "slip-ratio",
+		"all-per-second", "qps-scale", "source-port-factor", "total-requests-per-second":
+		v, err := one()
+		if err != nil {
+			return err
+		}
+		return set(v)
+	case "max-table-size":
+		v, err := one()
+		if err != nil {
+			return err
+		}
+		if n, err := strconv.Atoi(v); err == nil && n < 0 {
+			return c.Errf("max-table-size %q: cannot be negative", v)
+		}
+		return set(v)
+	case "report-only":
+		switch len(args) {
+		case 0:
+			return set("true")
+		case 1:
+			return set(args[0])
+		}
+		return c.ArgErr()
+	case "exempt-clients", "ipv4-request-levels", "ipv6-request-levels", "reflection-ports":
+		if len(args) == 0 {
+			return c.ArgErr()
+		}
+		return set(strings.Join(args, " "))
+	case "kernel-filter":
+		v, err := one()
+		if err != nil {
+			return err
+		}
+		switch v {
+		case "on":
+			s.kernel = true
+		case "off":
+			s.kernel = false
+		default:
+			return c.Errf("kernel-filter %q: want on or off", v)
+		}
+		return nil
+	case "cookies":
+		if len(args) > 2 {
+			return c.ArgErr()
+		}
+		secrets := make([]rrl.CookieSecret, len(args))
+		for i, a := range args {
+			b, err := hex.DecodeString(a)
+			if err != nil || len(b) != len(secrets[i]) {
+				return c.Errf("cookies %q: want a secret of %d hexadecimal digits", a, 2*len(secrets[i]))
+			}
+			copy(secrets[i][:], b)
+		}
+		switch len(args) {
+		case 0:
+			var sec rrl.CookieSecret
+			if err := randomSecret(&sec); err != nil {
+				return c.Errf("cookies: %v", err)
+			}
+			s.cookies = &sec
+		case 2:
+			s.prev = &secrets[1]
+			fallthrough
+		case 1:
+			s.cookies = &secrets[0]
+		}
+		return nil
+	}
+	return c.Errf("unknown property '%s'", kw)
+}
+
+// reason returns the part of a Config error that says what is wrong with the value.
+func reason(err error) string {
+	if ce, ok := err.(*rrl.ConfigError); ok {
+		return ce.Reason
+	}
+	return fmt.Sprint(err)
+}
+
+// randomSecret fills sec from the system's random source: a server cookie secret
+// nobody else knows, for "cookies" without one (cookies then stay valid only until
+// the next restart or reload).
+func randomSecret(sec *rrl.CookieSecret) error {
+	_, err := rand.Read(sec[:])
+	return err
+}

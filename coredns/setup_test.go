@@ -1,0 +1,320 @@
+package coredns
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/coredns/caddy"
+	"github.com/dnsrake/rrl"
+)
+
+// values returns cfg as keyword=value text for comparisons.
+func values(cfg *rrl.Config) map[string]string {
+	m := map[string]string{}
+	for _, kv := range cfg.Values() {
+		m[kv[0]] = kv[1]
+	}
+	return m
+}
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		input  string
+		keys   []string          // server block keys
+		want   map[string]string // keyword: value in the resulting Config
+		zones  []string
+		kernel bool
+		cookie bool
+	}{
+		{
+			name:  "coredns/rrl defaults",
+			input: "rrl",
+			keys:  []string{"example.org."},
+			want: map[string]string{
+				"window": "15", "ipv4-prefix-length": "24", "ipv6-prefix-length": "56",
+				"responses-per-second": "0", "requests-per-second": "0", "slip-ratio": "0",
+				"max-table-size": "100000", "report-only": "false",
+			},
+			zones: []string{"example.org."}, kernel: true,
+		},
+		{
+			name:  "README example",
+			input: "rrl . {\n responses-per-second 10\n}",
+			keys:  []string{"."},
+			want:  map[string]string{"responses-per-second": "10", "slip-ratio": "0"},
+			zones: []string{"."}, kernel: true,
+		},
+		{
+			name:  "zones restrict",
+			input: "rrl example.org example.net",
+			keys:  []string{"."},
+			zones: []string{"example.org.", "example.net."}, kernel: true,
+		},
+		{
+			name: "every coredns/rrl directive",
+			input: `rrl {
+				window 10
+				ipv4-prefix-length 16
+				ipv6-prefix-length 48
+				responses-per-second 5
+				nodata-per-second 4
+				nxdomains-per-second 3
+				referrals-per-second 2
+				errors-per-second 1.5
+				slip-ratio 2
+				requests-per-second 100
+				max-table-size 5000
+				report-only
+			}`,
+			keys: []string{"."},
+			want: map[string]string{
+				"window": "10", "ipv4-prefix-length": "16", "ipv6-prefix-length": "48",
+				"responses-per-second": "5", "nodata-per-second": "4", "nxdomains-per-second": "3",
+				"referrals-per-second": "2", "errors-per-second": "1.5", "slip-ratio": "2",
+				"requests-per-second": "100", "max-table-size": "5000", "report-only": "true",
+			},
+			zones: []string{"."}, kernel: true,
+		},
+		{
+			name:  "fractional window rounds up",
+			input: "rrl {\n window 2.5\n}",
+			keys:  []string{"."},
+			want:  map[string]string{"window": "3"},
+			zones: []string{"."}, kernel: true,
+		},
+		{
+			name:  "max-table-size 0 is the default",
+			input: "rrl {\n max-table-size 0\n}",
+			keys:  []string{"."},
+			want:  map[string]string{"max-table-size": "100000"},
+			zones: []string{"."}, kernel: true,
+		},
+		{
+			name: "library keywords",
+			input: `rrl {
+				exempt-clients 192.0.2.0/24 2001:db8::/32
+				all-per-second 20
+				qps-scale 1000
+				ipv4-request-levels 32:1 16:8
+				ipv6-request-levels 128:1 48:2
+				source-port-factor 0
+				total-requests-per-second 5000
+				reflection-ports 0 123 11211
+				report-only false
+			}`,
+			keys: []string{"."},
+			want: map[string]string{
+				"exempt-clients": "192.0.2.0/24 2001:db8::/32", "all-per-second": "20",
+				"qps-scale": "1000", "ipv4-request-levels": "32:1 16:8",
+				"ipv6-request-levels": "128:1 48:2", "source-port-factor": "0",
+				"total-requests-per-second": "5000", "reflection-ports": "0 123 11211",
+				"report-only": "false",
+			},
+			zones: []string{"."}, kernel: true,
+		},
+		{
+			name:  "kernel filter off",
+			input: "rrl {\n kernel-filter off\n}",
+			keys:  []string{"."},
+			zones: []string{"."}, kernel: false,
+		},
+		{
+			name:  "cookies with a generated secret",
+			input: "rrl {\n cookies\n}",
+			keys:  []string{"."},
+			zones: []string{"."}, kernel: true, cookie: true,
+		},
+		{
+			name:  "cookies with a secret and a previous one",
+			input: "rrl {\n cookies 000102030405060708090a0b0c0d0e0f f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff\n}",
+			keys:  []string{"."},
+			zones: []string{"."}, kernel: true, cookie: true,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := caddy.NewTestController("dns", tc.input)
+			c.ServerBlockKeys = tc.keys
+			s, err := parse(c)
+			if err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			got := values(s.cfg)
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Errorf("%s = %q, want %q", k, got[k], v)
+				}
+			}
+			if strings.Join(s.zones, " ") != strings.Join(tc.zones, " ") {
+				t.Errorf("zones %v, want %v", s.zones, tc.zones)
+			}
+			if s.kernel != tc.kernel {
+				t.Errorf("kernel %v, want %v", s.kernel, tc.kernel)
+			}
+			if (s.cookies != nil) != tc.cookie {
+				t.Errorf("cookies %v, want %v", s.cookies != nil, tc.cookie)
+			}
+		})
+	}
+}
+
+func TestParseCookieSecrets(t *testing.T) {
+	c := caddy.NewTestController("dns", "rrl {\n cookies 000102030405060708090a0b0c0d0e0f f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff\n}")
+	s, err := parse(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.cookies[0] != 0x00 || s.cookies[15] != 0x0f || s.prev == nil || s.prev[0] != 0xf0 || s.prev[15] != 0xff {
+		t.Errorf("secrets %x %x", s.cookies, s.prev)
+	}
+	a, b := caddy.NewTestController("dns", "rrl {\n cookies\n}"), caddy.NewTestController("dns", "rrl {\n cookies\n}")
+	sa, err := parse(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *sa.cookies == *sb.cookies || *sa.cookies == (rrl.CookieSecret{}) {
+		t.Errorf("generated secrets %x and %x: want two different random ones", sa.cookies, sb.cookies)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	// What coredns/rrl refuses is refused, and so are bad values of this plugin's
+	// own keywords; the error names the line.
+	for _, tc := range []struct {
+		input string
+		want  string // in the error
+	}{
+		{"rrl {\n bogus 1\n}", "Testfile:2 - Error during parsing: unknown property 'bogus'"},
+		{"rrl {\n window\n}", "Testfile:2 - Error during parsing: Wrong argument count"},
+		{"rrl {\n window 0\n}", "Testfile:2"},
+		{"rrl {\n window -1\n}", "must be greater than zero"},
+		{"rrl {\n window x\n}", "not a number"},
+		{"rrl {\n window 5000\n}", "at most 3600"},
+		{"rrl {\n ipv4-prefix-length 0\n}", "must be between 1 and 32"},
+		{"rrl {\n ipv4-prefix-length 33\n}", "must be between 1 and 32"},
+		{"rrl {\n ipv6-prefix-length 129\n}", "must be between 1 and 128"},
+		{"rrl {\n responses-per-second -1\n}", "Testfile:2"},
+		{"rrl {\n responses-per-second ten\n}", "not a number"},
+		{"rrl {\n responses-per-second 1 2\n}", "Wrong argument count"},
+		{"rrl {\n nodata-per-second -1\n}", "Testfile:2"},
+		{"rrl {\n nxdomains-per-second -1\n}", "Testfile:2"},
+		{"rrl {\n referrals-per-second -1\n}", "Testfile:2"},
+		{"rrl {\n errors-per-second -1\n}", "Testfile:2"},
+		{"rrl {\n requests-per-second -1\n}", "Testfile:2"},
+		{"rrl {\n slip-ratio 11\n}", "must be between 0 and 10"},
+		{"rrl {\n slip-ratio -1\n}", "must be between 0 and 10"},
+		{"rrl {\n max-table-size -5\n}", "cannot be negative"},
+		{"rrl {\n max-table-size x\n}", "not an integer"},
+		{"rrl {\n report-only yes please\n}", "Wrong argument count"},
+		{"rrl {\n report-only maybe\n}", "want true or false"},
+		{"rrl {\n exempt-clients\n}", "Wrong argument count"},
+		{"rrl {\n exempt-clients 300.1.1.1\n}", "is not an address or prefix"},
+		{"rrl {\n ipv4-request-levels 40:1\n}", "Testfile:2"},
+		{"rrl {\n reflection-ports 70000\n}", "Testfile:2"},
+		{"rrl {\n kernel-filter maybe\n}", "want on or off"},
+		{"rrl {\n kernel-filter\n}", "Wrong argument count"},
+		{"rrl {\n cookies 00\n}", "32 hexadecimal digits"},
+		{"rrl {\n cookies zz0102030405060708090a0b0c0d0e0f\n}", "32 hexadecimal digits"},
+		{"rrl {\n cookies a b c\n}", "Wrong argument count"},
+		{"rrl {\n responses-per-second 5\n\n\n nope\n}", "Testfile:5"},
+		{"rrl\nrrl", "this plugin can only be used once per Server Block"},
+	} {
+		c := caddy.NewTestController("dns", tc.input)
+		_, err := parse(c)
+		if err == nil {
+			t.Errorf("%q: no error, want %q", tc.input, tc.want)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %q, want it to contain %q", tc.input, err, tc.want)
+		}
+	}
+}
+
+func TestParseEveryLibraryKeyword(t *testing.T) {
+	// Every keyword of rrl.Config is a property, taking the value SetValue takes.
+	for _, kw := range rrl.ConfigKeywords() {
+		value := rrl.NewConfig()
+		var v string
+		for _, kv := range value.Values() {
+			if kv[0] == kw {
+				v = kv[1]
+			}
+		}
+		switch {
+		case kw == "exempt-clients":
+			v = "192.0.2.1" // empty by default
+		case v == "":
+			v = "1" // the category allowances are unset by default
+		}
+		c := caddy.NewTestController("dns", "rrl {\n "+kw+" "+v+"\n}")
+		if _, err := parse(c); err != nil {
+			t.Errorf("%s %s: %v", kw, v, err)
+		}
+	}
+}
+
+func TestListenerAddr(t *testing.T) {
+	for _, tc := range []struct{ in, want, err string }{
+		{"dns://:53", "[::]:53", ""},
+		{"dns://127.0.0.1:1053", "127.0.0.1:1053", ""},
+		{"dns://[::1]:53", "[::1]:53", ""},
+		{"dns://[::ffff:127.0.0.1]:53", "127.0.0.1:53", ""},
+		{"tls://:853", "", "no plain UDP socket"},
+		{"dns://127.0.0.1", "", "has no port"},
+		{"dns://nohost:53", "", "nohost"},
+	} {
+		got, err := listenerAddr(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got.String() != tc.want {
+			t.Errorf("%s: %v, %v; want %s", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestDirectives(t *testing.T) {
+	d := []string{"metadata", "prometheus", "errors", "log", "dnstap", "local", "cache", "file"}
+	got := Directives(d)
+	if strings.Join(got, " ") != "metadata prometheus errors log dnstap rrl local cache file" {
+		t.Errorf("Directives: %v", got)
+	}
+	if strings.Join(d, " ") != "metadata prometheus errors log dnstap local cache file" {
+		t.Errorf("Directives changed its argument: %v", d)
+	}
+	if got := Directives(got); strings.Count(strings.Join(got, " "), "rrl") != 1 {
+		t.Errorf("Directives twice: %v", got)
+	}
+	if got := Directives([]string{"file"}); strings.Join(got, " ") != "rrl file" {
+		t.Errorf("Directives without dnstap: %v", got)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		"window 2.5", "responses-per-second 5\nslip-ratio 2", "report-only", "cookies",
+		"exempt-clients 192.0.2.0/24 ::1", "ipv4-request-levels 32:1 16:16", "kernel-filter off",
+		"window NaN", "responses-per-second 1e400", "max-table-size -0",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		c := caddy.NewTestController("dns", "rrl {\n"+body+"\n}")
+		s, err := parse(c)
+		if err != nil {
+			return
+		}
+		// What parses builds a plugin.
+		if _, err := newPlugin(s); err != nil {
+			t.Fatalf("%q parsed but newPlugin failed: %v", body, err)
+		}
+	})
+}
