@@ -1,6 +1,7 @@
 package rrl
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -29,10 +30,12 @@ type Protection struct {
 	status  Status
 	opts    protectOptions
 
-	mu   sync.Mutex
-	tcp  []*TCPLimiter
-	udp  []*net.UDPConn
-	done bool
+	mu         sync.Mutex
+	tcp        []*TCPLimiter
+	udp        []*net.UDPConn
+	done       bool
+	stopWatch  context.CancelFunc // ends the kernel filter's events, if watched
+	watchEnded chan struct{}
 }
 
 // RequestLimiting says where requests-per-second and the other request limits are
@@ -179,6 +182,17 @@ func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOpt
 	}
 	p.handler = NewHandler(next, p.rrl, hopts...)
 	p.udp = append(p.udp, udp)
+	if p.status.Filter == ModeEBPF && p.cfg.eventFunc != nil {
+		// The kernel filter's limiting events go where the RRL's and the
+		// Limiter's do.
+		var ctx context.Context
+		ctx, p.stopWatch = context.WithCancel(context.Background())
+		p.watchEnded = make(chan struct{})
+		go func() {
+			defer close(p.watchEnded)
+			p.filter.WatchLimited(ctx, time.Second, p.cfg.eventsPerSec(), p.cfg.eventFunc)
+		}()
+	}
 	return p, nil
 }
 
@@ -358,5 +372,10 @@ func (p *Protection) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done = true
+	if p.stopWatch != nil {
+		p.stopWatch()
+		<-p.watchEnded
+		p.stopWatch = nil
+	}
 	return p.filter.Close()
 }

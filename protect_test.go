@@ -297,3 +297,43 @@ func TestProtectUpdate(t *testing.T) {
 		})
 	}
 }
+
+// TestProtectKernelEvents: with an event function in the Config, a Protection
+// reports the groups the eBPF filter limits, and Close stops watching.
+func TestProtectKernelEvents(t *testing.T) {
+	requireBPF(t)
+	got := make(chan LimitEvent, 16)
+	cfg := NewConfig()
+	cfg.SetValue("requests-per-second", "50")
+	cfg.SetEventFunc(func(e LimitEvent) {
+		if e.Account == AccountGroup {
+			select {
+			case got <- e:
+			default:
+			}
+		}
+	})
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	p, err := Protect(conn, answerA, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &udpServer{conn: conn, addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}
+	src := netip.MustParseAddrPort("127.0.40.1:40000")
+	floodFrom(t, srv, src, 2000)
+	select {
+	case e := <-got:
+		if e.Stop || e.Network != netip.PrefixFrom(src.Addr(), 32) {
+			t.Errorf("event %v, want the start of limiting 127.0.40.1/32", e)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no kernel limiting event")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
