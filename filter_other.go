@@ -58,12 +58,6 @@ func (f *Filter) Config() *Config { return nil }
 // PinDir returns "".
 func (f *Filter) PinDir() string { return "" }
 
-// HeavyCells returns an error matching ErrNotSupported.
-func (f *Filter) HeavyCells(n int) ([]SketchCell, error) { return nil, errNotLinux }
-
-// GroupRates returns an error matching ErrNotSupported.
-func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return nil, errNotLinux }
-
 // LimitedGroups returns an error matching ErrNotSupported.
 func (f *Filter) LimitedGroups() ([]LimitedGroup, error) { return nil, errNotLinux }
 

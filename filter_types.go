@@ -107,8 +107,8 @@ func (s FilterStats) Dropped() uint64 {
 	return s.Seen - s.Passed
 }
 
-// SketchCell is one cell of a request-limiter sketch and its current rate estimate.
-type SketchCell struct {
+// sketchCell is one cell of a request-limiter sketch and its current rate estimate.
+type sketchCell struct {
 	Node   LimiterNode `json:"node"`   // the level, as in NodeStats ("ipv4/24", "port", ...)
 	Row    int         `json:"row"`    // sketch row (every group counts once in each row)
 	Column int         `json:"column"` // column within the row
@@ -116,8 +116,8 @@ type SketchCell struct {
 	Limit  float64     `json:"limit"`  // the level's limit per group
 }
 
-// GroupRate is the filter's current rate estimate for one source group.
-type GroupRate struct {
+// groupRate is the filter's current rate estimate for one source group.
+type groupRate struct {
 	Node  LimiterNode  `json:"node"`           // the level
 	Group netip.Prefix `json:"group"`          // the source masked to the level (0.0.0.0/0 for port and total)
 	Port  uint16       `json:"port,omitempty"` // the source port, for the port level
