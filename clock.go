@@ -24,10 +24,10 @@ import (
 //     reads the monotonic clock itself and, if the shared reading has fallen more
 //     than a tick behind, stores the fresh one. A goroutine reading often (a server
 //     under load) thus keeps the clock fresh for everyone.
-//   - When the goroutine, woken late while goroutines wait for a P, finds the shared
-//     reading more than two ticks behind twice in a row, the clock is late: every
-//     read reads the monotonic clock until the goroutine's ticks have come without
-//     such a wait for a hundred ticks in a row. This covers readers that just got
+//   - When a sampling reader finds the shared reading more than two ticks behind, or
+//     the goroutine, woken late while goroutines wait for a P, finds it so twice in
+//     a row, the clock is late: every read reads the monotonic clock until the
+//     goroutine's ticks have come without such a wait for a hundred ticks in a row. This covers readers that just got
 //     a P back after other goroutines held it, and readers too rare to sample.
 //
 // Until the clock is first found late, a reader that has just got its P back may
@@ -97,7 +97,13 @@ func coarseNanos() int64 {
 // clockLateTicks behind.
 func sampleClock() int64 {
 	n := int64(time.Since(clockBase))
-	if n-coarse.now.Load() > int64(clockTick) {
+	if behind := n - coarse.now.Load(); behind > int64(clockTick) {
+		if behind > clockLateTicks*int64(clockTick) && !coarse.late.Load() {
+			// Nobody refreshed the reading for two ticks, the goroutine included:
+			// it is starved, or about to be found so. Readers read the clock
+			// until its ticks come on time again.
+			coarse.late.Store(true)
+		}
 		return refreshClock(n)
 	}
 	return n

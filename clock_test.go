@@ -33,10 +33,9 @@ func readClockSample() clockSample {
 // A sample whose two monotonic readings are more than clockSlack apart (the reader
 // lost its P or its thread in between) says nothing and is skipped.
 //
-// Samples count from the moment the clock's goroutine has seen the starving (the
-// first tick it gets after the load begins, which the test waits for, at most 2 s):
-// until then a reader that has just got its P back may read a time as old as the
-// wait for that tick.
+// Samples count from the moment the starving has been seen (by a sampling reader or
+// a late tick; the test waits at most a second for it): until then a reader that has
+// just got its P back may read a time as old as its wait for the P.
 func TestCoarseClockSaturated(t *testing.T) {
 	coarseNanos() // the ticking goroutine runs
 	procs := runtime.GOMAXPROCS(0)
@@ -92,11 +91,14 @@ func TestCoarseClockSaturated(t *testing.T) {
 	}
 	wg.Go(func() { reader(&results[2*procs], func() { time.Sleep(200 * time.Microsecond) }) })
 
-	for deadline := time.Now().Add(2 * time.Second); !coarse.late.Load(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the clock's goroutine did not see the starving within 2 s")
-		}
+	// Until the starving is first seen, a reader that has just got its P back may
+	// read an old time; it is seen at the first sampled read or late tick. If it is
+	// not seen within a second, the reading was kept fresh all along, and the check
+	// below holds from then on anyway.
+	for deadline := time.Now().Add(time.Second); !coarse.late.Load() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
+	t.Logf("clock late: %v", coarse.late.Load())
 	from.Store(int64(time.Since(clockBase)))
 	time.Sleep(runFor)
 	stop.Store(true)
