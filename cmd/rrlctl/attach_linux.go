@@ -60,6 +60,14 @@ func (t *targetFlags) check(c *cli) error {
 	return nil
 }
 
+// closeAll closes copies of the target's sockets, which leaves the target's own
+// descriptors open.
+func closeAll(conns []*procsock.Conn) {
+	for _, k := range conns {
+		k.Close()
+	}
+}
+
 func describe(socks []procsock.Socket) string {
 	var s []string
 	for _, k := range socks {
@@ -112,11 +120,7 @@ and a pin directory attach created is removed.`,
 		if err != nil {
 			return err
 		}
-		defer func() {
-			for _, k := range conns {
-				k.Close()
-			}
-		}()
+		defer closeAll(conns)
 		// A filter already there (the server's own, or an earlier attach) is replaced:
 		// say so.
 		var replaced []procsock.Socket
@@ -229,11 +233,7 @@ as "rrlctl unload" does; without, the filter stays pinned for a later attach.`,
 		if err != nil {
 			return err
 		}
-		defer func() {
-			for _, k := range conns {
-				k.Close()
-			}
-		}()
+		defer closeAll(conns)
 		var detached, bare []procsock.Socket
 		for i, k := range conns {
 			kind, err := procsock.AttachedFilter(k)
