@@ -65,7 +65,7 @@ func (r RequestLimiting) String() string {
 type Status struct {
 	Filter   FilterMode      // what is on the UDP sockets: ModeEBPF, ModeClassic or ModeNone
 	Requests RequestLimiting // where the request limits (requests-per-second, ...) apply
-	Reason   error           // why the eBPF filter is not in force; nil when it is
+	Reason   error           // why the eBPF filter, or the pinned one asked for, is not in force; nil when it is
 	Pinned   string          // the pin directory the filter came from, or ""
 	// KernelCookies: the eBPF filter verifies the Handler's server cookies
 	// (Filter.UseCookies), so proven queries escape the limits they share.
@@ -83,7 +83,10 @@ func (s Status) String() string {
 	if s.KernelCookies {
 		msg += "; server cookies verified in the kernel"
 	}
-	if s.Reason != nil {
+	switch {
+	case s.Reason != nil && s.Filter == ModeEBPF:
+		msg += "; pinned filter not attached, this process's own instead: " + s.Reason.Error()
+	case s.Reason != nil:
 		msg += "; eBPF filter not in force: " + s.Reason.Error()
 	}
 	return msg
@@ -228,11 +231,11 @@ func (p *Protection) attach(udp *net.UDPConn) error {
 	}
 	p.filter = f
 	p.status.Filter = f.Mode()
+	p.status.Reason = err // a pinned filter that failed may leave a filter of our own
 	if p.status.Filter == ModeEBPF {
 		p.status.Requests = RequestsInKernel
 		return nil
 	}
-	p.status.Reason = err
 	p.status.Requests = RequestsInGo
 	p.limiter, err = NewLimiter(p.cfg)
 	return err
