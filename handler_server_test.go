@@ -545,15 +545,15 @@ func TestHandlerLateWriteDuringNextQuery(t *testing.T) {
 		w.WriteMsg(m)
 	})
 	h := NewHandler(inner, NewRRL(NewConfig()))
-	first := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}
-	second := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 2), Port: 5000}}
+	first := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}
+	second := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 2), Port: 5000}}
 	h.ServeDNS(first, query("a.example.test.", dns.TypeA, false))
 	h.ServeDNS(second, query("b.example.test.", dns.TypeA, false))
 	if !errors.Is(lateErr, ErrLateWrite) {
 		t.Errorf("late write: %v, want ErrLateWrite", lateErr)
 	}
-	if first.msgs != 0 || second.msgs != 1 {
-		t.Errorf("%d messages to the first client, %d to the second; want 0 and 1", first.msgs, second.msgs)
+	if first.Msgs != 0 || second.Msgs != 1 {
+		t.Errorf("%d messages to the first client, %d to the second; want 0 and 1", first.Msgs, second.Msgs)
 	}
 	if a := kept.RemoteAddr(); a == nil || a.String() != "" {
 		t.Errorf("RemoteAddr of an ended writer: %v", a)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
 )
 
@@ -419,22 +420,8 @@ func TestHandlerWildcard(t *testing.T) {
 	}
 }
 
-// fakeWriter is a dns.ResponseWriter that keeps what is written, for tests and
-// benchmarks that call ServeDNS directly.
-type fakeWriter struct {
-	remote net.Addr
-	msgs   int
-	last   *dns.Msg
-}
-
-func (w *fakeWriter) LocalAddr() net.Addr         { return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 53} }
-func (w *fakeWriter) RemoteAddr() net.Addr        { return w.remote }
-func (w *fakeWriter) WriteMsg(m *dns.Msg) error   { w.msgs++; w.last = m; return nil }
-func (w *fakeWriter) Write(b []byte) (int, error) { w.msgs++; return len(b), nil }
-func (w *fakeWriter) Close() error                { return nil }
-func (w *fakeWriter) TsigStatus() error           { return nil }
-func (w *fakeWriter) TsigTimersOnly(bool)         {}
-func (w *fakeWriter) Hijack()                     {}
+// fakeWriter keeps what the Handler writes (internal/testutil).
+type fakeWriter = testutil.ResponseWriter
 
 // staticHandler writes one prepared response.
 type staticHandler struct{ resp *dns.Msg }
@@ -444,7 +431,7 @@ func (s staticHandler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) { w.WriteMsg
 func TestHandlerUnwrap(t *testing.T) {
 	// The inner handler reaches the writer the Handler was given through Unwrap,
 	// and writing through the Handler's writer still goes to it.
-	outer := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 5300}}
+	outer := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 5300}}
 	var got dns.ResponseWriter
 	var kept interface{ Unwrap() dns.ResponseWriter }
 	inner := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
@@ -462,8 +449,8 @@ func TestHandlerUnwrap(t *testing.T) {
 	if got != dns.ResponseWriter(outer) {
 		t.Errorf("Unwrap returned %v, want the writer given to ServeDNS", got)
 	}
-	if outer.msgs != 1 {
-		t.Errorf("%d messages written, want 1", outer.msgs)
+	if outer.Msgs != 1 {
+		t.Errorf("%d messages written, want 1", outer.Msgs)
 	}
 	if w := kept.Unwrap(); w != nil {
 		t.Errorf("Unwrap after ServeDNS returned %v, want nil", w)
@@ -483,28 +470,28 @@ func TestHandlerLimiter(t *testing.T) {
 	}
 	zone := new(handlerZone)
 	h := NewHandler(zone, NewRRL(NewConfig()), WithLimiter(lim))
-	flood := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(198, 51, 100, 7), Port: 4000}}
+	flood := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(198, 51, 100, 7), Port: 4000}}
 	const n = 2000
 	for range n {
 		h.ServeDNS(flood, query("www.example.test.", dns.TypeA, false))
 	}
 	st := h.Stats()
-	if flood.msgs+int(st.RequestsLimited) != n || int(zone.calls.Load()) != flood.msgs {
-		t.Fatalf("%d written, %d limited, %d handled of %d", flood.msgs, st.RequestsLimited, zone.calls.Load(), n)
+	if flood.Msgs+int(st.RequestsLimited) != n || int(zone.calls.Load()) != flood.Msgs {
+		t.Fatalf("%d written, %d limited, %d handled of %d", flood.Msgs, st.RequestsLimited, zone.calls.Load(), n)
 	}
 	// A burst arrives in far less than a second: at 10 per second, only the
 	// first few pass while the estimate builds up.
-	if flood.msgs > n/10 {
-		t.Errorf("%d of %d flood queries passed the limiter", flood.msgs, n)
+	if flood.Msgs > n/10 {
+		t.Errorf("%d of %d flood queries passed the limiter", flood.Msgs, n)
 	}
 	// TCP queries are not the Limiter's (the kernel filter sees only UDP).
-	tcp := &fakeWriter{remote: &net.TCPAddr{IP: net.IPv4(198, 51, 100, 7), Port: 4001}}
+	tcp := &fakeWriter{Remote: &net.TCPAddr{IP: net.IPv4(198, 51, 100, 7), Port: 4001}}
 	h.ServeDNS(tcp, query("www.example.test.", dns.TypeA, false))
 	// (Another source port: sources sharing one port are a group of their own.)
-	other := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(203, 0, 113, 9), Port: 4002}}
+	other := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(203, 0, 113, 9), Port: 4002}}
 	h.ServeDNS(other, query("www.example.test.", dns.TypeA, false))
-	if tcp.msgs != 1 || other.msgs != 1 {
-		t.Errorf("unrelated queries limited: tcp %d, other %d", tcp.msgs, other.msgs)
+	if tcp.Msgs != 1 || other.Msgs != 1 {
+		t.Errorf("unrelated queries limited: tcp %d, other %d", tcp.Msgs, other.Msgs)
 	}
 }
 
@@ -518,22 +505,22 @@ func TestHandlerDoesNotModifyResponse(t *testing.T) {
 	before := resp.String()
 	r := NewRRL(fixedConfig(t, "responses-per-second", "1", "slip-ratio", "1"))
 	h := NewHandler(staticHandler{resp}, r, WithCookies(NewCookies(CookieSecret{3})))
-	w := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}
+	w := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}
 	for _, cookie := range [][]byte{nil, {1, 2, 3, 4, 5, 6, 7, 8}, nil, {1, 2, 3, 4, 5, 6, 7, 8}} {
 		q := query("www.example.test.", dns.TypeA, true)
 		if cookie != nil {
 			SetCookie(q, cookie)
 		}
 		h.ServeDNS(w, q)
-		if w.last == resp && (cookie != nil || w.last.Truncated) {
+		if w.Last == resp && (cookie != nil || w.Last.Truncated) {
 			t.Fatal("the inner handler's message was written modified")
 		}
 	}
 	if resp.String() != before {
 		t.Errorf("response modified:\n%s\nwas\n%s", resp, before)
 	}
-	if w.msgs != 4 {
-		t.Errorf("%d messages written, want 4 (send, then slips)", w.msgs)
+	if w.Msgs != 4 {
+		t.Errorf("%d messages written, want 4 (send, then slips)", w.Msgs)
 	}
 }
 
@@ -591,7 +578,7 @@ func benchHandler(tb testing.TB, cookie bool) (*Handler, *fakeWriter, *dns.Msg) 
 	if err := cfg.SetValue("responses-per-second", "10000000"); err != nil {
 		tb.Fatal(err)
 	}
-	w := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1).To4(), Port: 5000}}
+	w := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1).To4(), Port: 5000}}
 	q := query("www.example.test.", dns.TypeA, cookie)
 	var opts []HandlerOption
 	if cookie {
@@ -613,7 +600,7 @@ func BenchmarkHandlerSend(b *testing.B) {
 			for b.Loop() {
 				h.ServeDNS(w, q)
 			}
-			if w.last == nil || len(w.last.Answer) != 1 {
+			if w.Last == nil || len(w.Last.Answer) != 1 {
 				b.Fatal("no answer written")
 			}
 		})
@@ -636,7 +623,7 @@ func TestHandlerConcurrentSharedResponse(t *testing.T) {
 	for g := range 4 {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			w := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(g)), Port: 5000}}
+			w := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(g)), Port: 5000}}
 			for i := range 200 {
 				q := query("www.example.test.", dns.TypeA, true)
 				if i%2 == 0 {
@@ -702,13 +689,13 @@ func FuzzHandler(f *testing.F) {
 			&net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000},
 			&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000},
 		} {
-			w := &fakeWriter{remote: remote}
+			w := &fakeWriter{Remote: remote}
 			NewHandler(inner, rr, WithCookies(cookies)).ServeDNS(w, req)
-			if w.last != nil && w.last.Truncated && !innerTC && len(w.last.Answer)+len(w.last.Ns) != 0 {
-				t.Fatalf("slip with records: %v", w.last)
+			if w.Last != nil && w.Last.Truncated && !innerTC && len(w.Last.Answer)+len(w.Last.Ns) != 0 {
+				t.Fatalf("slip with records: %v", w.Last)
 			}
-			if w.last != nil {
-				if _, err := w.last.Pack(); err != nil && w.last.Rcode == dns.RcodeBadCookie {
+			if w.Last != nil {
+				if _, err := w.Last.Pack(); err != nil && w.Last.Rcode == dns.RcodeBadCookie {
 					t.Fatalf("BADCOOKIE slip does not pack: %v", err)
 				}
 			}

@@ -2,7 +2,6 @@ package rrl
 
 import (
 	"errors"
-	"github.com/dnsrake/rrl/internal/testutil"
 	"io"
 	"net"
 	"net/netip"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
 )
 

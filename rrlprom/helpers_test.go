@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
 )
 
@@ -60,21 +61,8 @@ func (handlerZone) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	w.WriteMsg(m)
 }
 
-// fakeWriter is a dns.ResponseWriter that keeps what is written.
-type fakeWriter struct {
-	remote net.Addr
-	msgs   int
-	last   *dns.Msg
-}
-
-func (w *fakeWriter) LocalAddr() net.Addr         { return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 53} }
-func (w *fakeWriter) RemoteAddr() net.Addr        { return w.remote }
-func (w *fakeWriter) WriteMsg(m *dns.Msg) error   { w.msgs++; w.last = m; return nil }
-func (w *fakeWriter) Write(b []byte) (int, error) { w.msgs++; return len(b), nil }
-func (w *fakeWriter) Close() error                { return nil }
-func (w *fakeWriter) TsigStatus() error           { return nil }
-func (w *fakeWriter) TsigTimersOnly(bool)         {}
-func (w *fakeWriter) Hijack()                     {}
+// fakeWriter keeps what the Handler writes (internal/testutil).
+type fakeWriter = testutil.ResponseWriter
 
 // requirePrivilege skips t unless the process may load the eBPF filter (Attach
 // reports ErrNotPermitted otherwise); with RRL_REQUIRE_BPF=1 it fails t instead.

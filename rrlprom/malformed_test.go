@@ -13,10 +13,10 @@ func TestCollectorMalformedAndTCPReasons(t *testing.T) {
 	h := rrl.NewHandler(new(handlerZone), rrl.NewRRL(rrl.NewConfig()))
 	q := query("www.example.test.", dns.TypeA, true)
 	q.Extra = append(q.Extra, &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT, Class: 512}})
-	h.ServeDNS(&fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}, q)
+	h.ServeDNS(&fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}, q)
 	q = query("www.example.test.", dns.TypeA, true)
 	q.IsEdns0().SetVersion(2)
-	h.ServeDNS(&fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}, q)
+	h.ServeDNS(&fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}, q)
 
 	inner, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {

@@ -17,7 +17,7 @@ func TestCollectorRRLAndHandler(t *testing.T) {
 	r := rrl.NewRRL(fixedConfig(t, "responses-per-second", "1", "slip-ratio", "2"))
 	cookies := rrl.NewCookies(rrl.CookieSecret{5})
 	h := rrl.NewHandler(new(handlerZone), r, rrl.WithCookies(cookies), rrl.WithClock(func() time.Time { return testEpoch }))
-	w := &fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}
+	w := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}
 	// Answers: send, slip (truncated), drop, slip (BADCOOKIE, client cookie).
 	for i := range 4 {
 		q := query("www.example.test.", dns.TypeA, true)
@@ -31,7 +31,7 @@ func TestCollectorRRLAndHandler(t *testing.T) {
 	rrl.SetCookie(q, cookies.Generate([]byte{1, 2, 3, 4, 5, 6, 7, 8}, netip.MustParseAddr("192.0.2.1"), testEpoch))
 	h.ServeDNS(w, q)
 	// NXDOMAIN over TCP: not a response account's business.
-	h.ServeDNS(&fakeWriter{remote: &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5001}}, query("nx.example.test.", dns.TypeA, false))
+	h.ServeDNS(&fakeWriter{Remote: &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5001}}, query("nx.example.test.", dns.TypeA, false))
 
 	c := NewCollector("dns", r, CollectHandler(h))
 	const want = `
@@ -92,7 +92,7 @@ dns_handler_cookies_total{result="valid-reissue"} 0
 	// the count does not depend on how many clients there were.
 	before := testutil.CollectAndCount(c)
 	for i := range 200 {
-		h.ServeDNS(&fakeWriter{remote: &net.UDPAddr{IP: net.IPv4(10, byte(i), 0, 1), Port: 5000}}, query("www.example.test.", dns.TypeA, false))
+		h.ServeDNS(&fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(10, byte(i), 0, 1), Port: 5000}}, query("www.example.test.", dns.TypeA, false))
 	}
 	if after := testutil.CollectAndCount(c); after != before {
 		t.Errorf("%d series after 200 more clients, %d before", after, before)
