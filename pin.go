@@ -708,17 +708,11 @@ func (f *Filter) groupRates(src netip.AddrPort) ([]groupRate, error) {
 	// filter keys them.
 	var lookupErr error
 	estimate := func(st *filterStep, port uint16) float64 {
-		h := sketchHash(s.Seed, hi&st.MaskHi, lo&st.MaskLo|uint64(port)&st.PortMask)
-		var m Fixed = ^Fixed(0)
-		for row := 0; row < sketchDepth; row++ {
-			var c filterCell
-			idx := uint32((int(st.Node)*sketchDepth+row)*sketchWidth) + sketchIndex(h, row)
-			if err := f.objs.Cells.Lookup(idx, &c); err != nil && lookupErr == nil {
-				lookupErr = fmt.Errorf("rrl: read sketch cell %d: %w", idx, err)
-			}
-			m = min(m, cellRate(Fixed(c.Count), c.Last, now))
+		rate, err := f.groupRate(s.Seed, st, hi&st.MaskHi, lo&st.MaskLo|uint64(port)&st.PortMask, now)
+		if err != nil && lookupErr == nil {
+			lookupErr = err
 		}
-		return m.Float64()
+		return rate
 	}
 	var out []groupRate
 	any4 := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
