@@ -3,6 +3,7 @@
 package rrl
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -35,11 +36,32 @@ func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) {
 		return nil, err
 	}
 	// err may report a fallback to the classic filter: the other sockets get the same.
-	for _, s := range socks[1:] {
-		if aerr := f.Attach(procsock.Borrow(s)); aerr != nil {
-			f.Close()
-			return nil, fmt.Errorf("rrl: attach to %s (descriptor %d): %w", s.Local, s.FD, aerr)
-		}
+	if aerr := f.attachSockets(socks[1:]); aerr != nil {
+		f.Close()
+		return nil, aerr
 	}
 	return f, err
+}
+
+// AttachLocal adds every UDP socket of this process bound to local to f, found as the
+// function AttachLocal finds them: for sockets a server opened since f was attached
+// (a reload that added some). A socket f is on already stays as it is. It tries every
+// socket and returns the errors of those it could not attach.
+func (f *Filter) AttachLocal(local netip.AddrPort) error {
+	socks, err := procsock.UDP(0, local)
+	if err != nil {
+		return fmt.Errorf("rrl: attach to %s: %w", local, err)
+	}
+	return f.attachSockets(socks)
+}
+
+// attachSockets attaches f to every one of socks.
+func (f *Filter) attachSockets(socks []procsock.Socket) error {
+	var errs []error
+	for _, s := range socks {
+		if err := f.Attach(procsock.Borrow(s)); err != nil {
+			errs = append(errs, fmt.Errorf("rrl: attach to %s (descriptor %d): %w", s.Local, s.FD, err))
+		}
+	}
+	return errors.Join(errs...)
 }

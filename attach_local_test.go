@@ -236,3 +236,38 @@ func TestAttachLocalUnprivilegedFallsBackToClassic(t *testing.T) {
 		}
 	}
 }
+
+// TestFilterAttachLocal: Filter.AttachLocal adds a socket opened after the filter was
+// attached (one more of a SO_REUSEPORT group) and leaves the first as it was; with no
+// matching socket it says so.
+func TestFilterAttachLocal(t *testing.T) {
+	requireBPF(t)
+	first, port := listenLocal(t, "udp4", "127.0.0.1", 0)
+	local := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+	f, err := AttachLocal(local, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	second, _ := listenLocal(t, "udp4", "127.0.0.1", port)
+	if got, _ := procsock.AttachedFilter(second); got != procsock.NoFilter {
+		t.Fatalf("the new socket has %s before Filter.AttachLocal", got)
+	}
+	if err := f.AttachLocal(local); err != nil {
+		t.Fatalf("Filter.AttachLocal: %v", err)
+	}
+	for i, c := range []syscall.Conn{first, second} {
+		if got, _ := procsock.AttachedFilter(c); got != procsock.EBPFFilter {
+			t.Errorf("socket %d: %s, want the eBPF filter", i, got)
+		}
+	}
+	if err := f.AttachLocal(netip.AddrPortFrom(local.Addr(), 1)); !errors.Is(err, procsock.ErrNoSocket) {
+		t.Errorf("Filter.AttachLocal on a port without sockets: %v, want ErrNoSocket", err)
+	}
+	f.Close()
+	for i, c := range []syscall.Conn{first, second} {
+		if got, _ := procsock.AttachedFilter(c); got != procsock.NoFilter {
+			t.Errorf("socket %d after Close: %s", i, got)
+		}
+	}
+}

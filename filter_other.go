@@ -58,6 +58,9 @@ func (f *Filter) Config() *Config { return nil }
 // PinDir returns "".
 func (f *Filter) PinDir() string { return "" }
 
+// AttachLocal returns an error matching ErrNotSupported.
+func (f *Filter) AttachLocal(local netip.AddrPort) error { return errNotLinux }
+
 // LimitedGroups returns an error matching ErrNotSupported.
 func (f *Filter) LimitedGroups() ([]LimitedGroup, error) { return nil, errNotLinux }
 

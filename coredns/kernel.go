@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"github.com/dnsrake/rrl"
-	"github.com/dnsrake/rrl/internal/procsock"
 )
 
 // listeners holds the kernel filter of every listener address of the process and
@@ -57,12 +56,8 @@ func (p *RRL) attach(addr string) {
 		if err == nil {
 			// Sockets a reload added on the address (a higher multisocket count)
 			// join the filter; the others have it already.
-			if socks, serr := procsock.UDP(0, local); serr == nil {
-				for _, s := range socks {
-					if aerr := l.f.Attach(procsock.Borrow(s)); aerr != nil {
-						log.Warningf("kernel filter for %s: descriptor %d: %v", addr, s.FD, aerr)
-					}
-				}
+			if aerr := l.f.AttachLocal(local); aerr != nil {
+				log.Warningf("kernel filter for %s: %v", addr, aerr)
 			}
 			l.owner = p
 			p.filters[addr] = l.f
