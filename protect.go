@@ -143,8 +143,9 @@ func ProtectTCPConnsPerClient(n int) ProtectOption {
 //
 // It attaches the best kernel filter this host allows to udp (see Attach) and, when
 // that is not the eBPF filter for any reason, enforces the request limits in Go
-// instead, in the Handler; either way requests-per-second applies once to each UDP
-// query, and to TCP queries through response rate limiting. Status says which.
+// instead: in the server's reader for the servers UDPServer and AddUDP return, in the
+// Handler for any other server; either way requests-per-second applies once to each
+// UDP query, and to TCP queries through response rate limiting. Status says which.
 // Protect fails only when cfg is invalid or udp cannot be protected at all (not a UDP
 // socket).
 func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOption) (*Protection, error) {
