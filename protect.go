@@ -46,8 +46,9 @@ const (
 	// RequestsInKernel: the eBPF filter drops a source group's excess before the
 	// server reads it.
 	RequestsInKernel RequestLimiting = iota + 1
-	// RequestsInGo: the Handler drops a UDP source group's excess with a Limiter
-	// before the server's handler sees it, because the eBPF filter is not in force.
+	// RequestsInGo: a Limiter drops a UDP source group's excess (in the server's
+	// reader, or in the Handler) before the server's handler sees it, because the
+	// eBPF filter is not in force.
 	RequestsInGo
 )
 
