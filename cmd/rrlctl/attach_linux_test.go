@@ -343,6 +343,16 @@ func TestAttachAuthserver(t *testing.T) {
 
 	// A restart: new process, new sockets, no filter. Attaching again reuses the pins.
 	syscall.Kill(pid, syscall.SIGTERM)
+	// The old server answers until its shutdown closes the socket: start the new one
+	// only then, or its readiness check would be answered by the old one.
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := procsock.UDP(pid, addr); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d still has its socket on %s after SIGTERM", pid, addr)
+		}
+	}
 	pid2, _ := startAuthserver(t, bin, port)
 	if kinds := filtersOf(t, pid2, addr); !allKind(kinds, procsock.NoFilter) {
 		t.Fatalf("the restarted server's sockets have filters %v", kinds)
