@@ -13,7 +13,7 @@ import (
 )
 
 // Benchmarks of Debit with *net.UDPAddr sources, as servers call it, on the default
-// (coarse) clock. The README's "Performance" section quotes them; run them with
+// (coarse) clock. docs/performance.md quotes them; run them with
 //
 //	go test -run '^$' -bench 'Debit|TableMemory' -benchtime 2s -cpu 1,2 .
 
