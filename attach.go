@@ -43,8 +43,8 @@ type Filter struct {
 	seed    uint64
 	objs    *kernelObjects
 	sockets []*attachedSocket // sockets attached, checked against socketOwners
-	pin     *pinState        // opened from pins (pin.go): Close leaves the pins in place
-	cookies *kernelCookies   // the secrets of UseCookies (kernelcookie.go)
+	pin     *pinState         // opened from pins (pin.go): Close leaves the pins in place
+	cookies *kernelCookies    // the secrets of UseCookies (kernelcookie.go)
 }
 
 // kernelObjects are the program and maps production loads: test-only programs and
