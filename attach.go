@@ -349,9 +349,9 @@ func (f *Filter) Close() error {
 		if !f.owns(s) {
 			continue
 		}
-		err := s.reach(detachFilter)
+		err := s.reach(detachIfAttached)
 		f.disown(s)
-		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, errSocketGone) {
+		if err != nil && !errors.Is(err, errSocketGone) {
 			errs = append(errs, s.errorf("close filter", err))
 		}
 	}
@@ -368,15 +368,20 @@ func (f *Filter) Close() error {
 	return errors.Join(errs...)
 }
 
+// detachIfAttached removes conn's socket filter if it has one.
+func detachIfAttached(conn syscall.Conn) error {
+	if err := detachFilter(conn); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return nil
+}
+
 // applyClassic puts the classic prefilter for cfg on conn; in report-only mode,
 // where nothing may be withheld and the classic filter has no counters, it removes
 // any filter instead.
 func applyClassic(conn syscall.Conn, cfg *Config) error {
 	if cfg.reportOnly {
-		if err := detachFilter(conn); err != nil && !errors.Is(err, unix.ENOENT) {
-			return err
-		}
-		return nil
+		return detachIfAttached(conn)
 	}
 	return attachClassic(conn, cfg)
 }

@@ -161,6 +161,8 @@ func socketInodes(proc string) (map[uint64]int, error) {
 // procError explains the usual failures of reading another process's /proc entries.
 func procError(path string, err error) error {
 	switch {
+	case errors.Is(err, os.ErrNotExist) && strings.HasPrefix(path, "/proc/self/"):
+		return fmt.Errorf("%s: not found (is /proc mounted?): %w", path, err)
 	case errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("%s: no such process: %w", path, err)
 	case errors.Is(err, os.ErrPermission):
