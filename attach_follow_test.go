@@ -416,3 +416,40 @@ func TestAttachLocalAcrossReloads(t *testing.T) {
 		})
 	}
 }
+
+// TestReachTellsSocketsApartByCookie: a descriptor whose socket has the inode number
+// of the socket sought but another cookie (a new socket after the kernel's inode
+// counter wrapped) is not that socket: reach finds the socket sought gone and leaves
+// the other one alone.
+func TestReachTellsSocketsApartByCookie(t *testing.T) {
+	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+	id, err := identify(srv.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.cookie == 0 {
+		t.Fatal("no socket cookie (SO_COOKIE)")
+	}
+	closed := newUDPServer(t, "udp4", "127.0.0.1:0")
+	closed.conn.Close()
+	for _, c := range []struct {
+		name string
+		id   socketID
+		want error // nil: reached
+	}{
+		{"same socket", id, nil},
+		{"same inode, another cookie", socketID{dev: id.dev, ino: id.ino, cookie: id.cookie + 1}, errSocketGone},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := &attachedSocket{conn: closed.conn, id: c.id}
+			called := false
+			err := s.reach(func(syscall.Conn) error { called = true; return nil })
+			if c.want == nil && (err != nil || !called) {
+				t.Fatalf("reach: %v, called %v; want the socket reached", err, called)
+			}
+			if c.want != nil && (!errors.Is(err, c.want) || called) {
+				t.Fatalf("reach: %v, called %v; want %v without a call", err, called, c.want)
+			}
+		})
+	}
+}

@@ -40,8 +40,12 @@ import (
 // queries, which queue there unanswered. The scan costs a read of /proc/self/fd,
 // and is made only when the descriptor seen last is closed.
 
-// socketID identifies a socket whatever descriptor reaches it: its inode on sockfs.
-type socketID struct{ dev, ino uint64 }
+// socketID identifies a socket whatever descriptor reaches it: its inode on sockfs,
+// and its cookie (SO_COOKIE), which tells two sockets apart even when the kernel's
+// 32-bit inode counter, which every pipe and TCP connection advances, has wrapped
+// and given a new socket the inode number of an old one. Where the kernel has no
+// SO_COOKIE (an old kernel), the cookie is 0 and the inode alone counts.
+type socketID struct{ dev, ino, cookie uint64 }
 
 // attachedSocket is a socket a Filter attached to.
 type attachedSocket struct {
@@ -58,15 +62,27 @@ var socketOwners = struct {
 // identify returns conn's socket identity.
 func identify(conn syscall.Conn) (socketID, error) {
 	var id socketID
-	err := sockopt.Control(conn, func(fd int) error {
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
-			return err
-		}
-		id = socketID{dev: st.Dev, ino: st.Ino}
-		return nil
+	err := sockopt.Control(conn, func(fd int) (err error) {
+		id, err = identityOf(fd)
+		return err
 	})
 	return id, err
+}
+
+// identityOf returns the identity of the socket fd refers to.
+func identityOf(fd int) (socketID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return socketID{}, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return socketID{}, unix.ENOTSOCK
+	}
+	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+	if errors.Is(err, unix.ENOPROTOOPT) {
+		cookie, err = 0, nil
+	}
+	return socketID{dev: st.Dev, ino: st.Ino, cookie: cookie}, err
 }
 
 // localAddr returns the address conn's socket is bound to, or the zero AddrPort.
@@ -138,8 +154,8 @@ func (f *Filter) ownedSockets() []*attachedSocket {
 // closed (or lives on only in other processes), and its filter with it.
 var errSocketGone = errors.New("no descriptor of the socket is open in this process")
 
-// errOtherFile says that a descriptor now refers to another file than the socket.
-var errOtherFile = errors.New("the descriptor refers to another file now")
+// errOtherFile says that a descriptor refers to another file than the socket.
+var errOtherFile = errors.New("the descriptor refers to another file")
 
 // reach runs fn on s's socket, through the descriptor f saw last if it is still open
 // and still that socket, else through another descriptor of the socket found in
@@ -149,39 +165,31 @@ var errOtherFile = errors.New("the descriptor refers to another file now")
 // valid only while it runs.
 func (s *attachedSocket) reach(fn func(conn syscall.Conn) error) error {
 	err := s.control(s.conn, fn)
+	if !isStaleDescriptor(err) {
+		return err
+	}
 	// A server that moves the socket to another descriptor (dup, then close the
 	// old) while the directory is read can hide it from one scan: it is gone only
-	// when two scans miss it. A descriptor found may be closed before it is used,
-	// and the search then starts again, a bounded number of times.
-	missed := 0
-	for tries := 0; isStaleDescriptor(err); tries++ {
-		if tries == 4 {
-			return fmt.Errorf("its descriptors kept closing while being looked for: %w", err)
-		}
-		conn, ferr := procsock.Descriptor(s.id.ino)
-		switch {
-		case errors.Is(ferr, procsock.ErrNoSocket):
-			if missed++; missed == 2 {
-				return errSocketGone
-			}
-			continue
-		case ferr != nil:
+	// when two scans in a row find no descriptor that reaches it.
+	for missed := 0; missed < 2; missed++ {
+		conns, ferr := procsock.Descriptors(s.id.ino)
+		if ferr != nil {
 			return fmt.Errorf("its descriptor is closed, and finding another failed: %w", ferr)
 		}
-		s.conn = conn
-		err = s.control(conn, fn)
+		for _, c := range conns {
+			if err := s.control(c, fn); !isStaleDescriptor(err) {
+				s.conn = c
+				return err
+			}
+		}
 	}
-	return err
+	return errSocketGone
 }
 
 // control runs fn on conn if conn's descriptor still refers to s's socket.
 func (s *attachedSocket) control(conn syscall.Conn, fn func(conn syscall.Conn) error) error {
 	return sockopt.Control(conn, func(fd int) error {
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
-			return err
-		}
-		if (socketID{dev: st.Dev, ino: st.Ino}) != s.id {
+		if id, err := identityOf(fd); err != nil || id != s.id {
 			return errOtherFile
 		}
 		return fn(heldFD(fd))

@@ -82,10 +82,11 @@ func UDP(pid int, local netip.AddrPort) ([]Socket, error) {
 			return nil, err
 		}
 		for _, e := range entries {
-			fd, ok := fds[e.inode]
+			sfds, ok := fds[e.inode]
 			if !ok {
 				continue
 			}
+			fd := sfds[0]
 			if !Matches(local, e.local) {
 				if e.local.Port() == local.Port() {
 					others = append(others, e.local)
@@ -123,14 +124,14 @@ func UDP(pid int, local netip.AddrPort) ([]Socket, error) {
 }
 
 // socketInodes maps the inode of every socket open in proc (a /proc/PID directory) to
-// its lowest descriptor.
-func socketInodes(proc string) (map[uint64]int, error) {
+// its descriptors, lowest first.
+func socketInodes(proc string) (map[uint64][]int, error) {
 	dir := proc + "/fd"
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, procError(dir, err)
 	}
-	out := map[uint64]int{}
+	out := map[uint64][]int{}
 	for _, e := range ents {
 		fd, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -151,9 +152,10 @@ func socketInodes(proc string) (map[uint64]int, error) {
 		if err != nil {
 			continue
 		}
-		if prev, ok := out[ino]; !ok || fd < prev {
-			out[ino] = fd
-		}
+		out[ino] = append(out[ino], fd)
+	}
+	for _, fds := range out {
+		slices.Sort(fds)
 	}
 	return out, nil
 }
@@ -244,20 +246,22 @@ func parseAddr(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(a, uint16(port)), nil
 }
 
-// Descriptor returns a descriptor of this process for the socket with the given
-// inode, borrowed as Borrow does, or an error matching ErrNoSocket when the process
-// has none left (the socket is closed, or lives on only in other processes). Any
-// other error means /proc/self/fd could not be read, and says nothing either way.
-func Descriptor(inode uint64) (*Conn, error) {
+// Descriptors returns the descriptors of this process for sockets with the given
+// inode, borrowed as Borrow does, lowest first: none when the process has none left
+// (the socket is closed, or lives on only in other processes). Inode numbers of
+// sockets are unique among live sockets until the kernel's 32-bit counter wraps;
+// callers that must not confuse two sockets check another identity too (SO_COOKIE).
+// An error means /proc/self/fd could not be read, and says nothing either way.
+func Descriptors(inode uint64) ([]*Conn, error) {
 	fds, err := socketInodes("/proc/self")
 	if err != nil {
 		return nil, err
 	}
-	fd, ok := fds[inode]
-	if !ok {
-		return nil, fmt.Errorf("this process has no descriptor of socket inode %d: %w", inode, ErrNoSocket)
+	var out []*Conn
+	for _, fd := range fds[inode] {
+		out = append(out, &Conn{fd: fd, inode: inode})
 	}
-	return &Conn{fd: fd, inode: inode}, nil
+	return out, nil
 }
 
 // Conn is a UDP socket descriptor of this process as a syscall.Conn, for the rrl
