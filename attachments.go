@@ -38,7 +38,8 @@ import (
 // restarted server without SO_REUSEPORT cannot bind it), and a socket of a
 // SO_REUSEPORT group that nobody reads any more keeps its share of the group's
 // queries, which queue there unanswered. The scan costs a read of /proc/self/fd,
-// and is made only when the descriptor seen last is closed.
+// and is made only when the descriptor seen last is closed; the descriptor found is
+// borrowed, and copied only for the length of one call (procsock.Conn.Control).
 
 // socketID identifies a socket whatever descriptor reaches it: its inode on sockfs,
 // and its cookie (SO_COOKIE), which tells two sockets apart even when the kernel's
