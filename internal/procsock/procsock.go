@@ -82,10 +82,11 @@ func UDP(pid int, local netip.AddrPort) ([]Socket, error) {
 			return nil, err
 		}
 		for _, e := range entries {
-			fd, ok := fds[e.inode]
+			sfds, ok := fds[e.inode]
 			if !ok {
 				continue
 			}
+			fd := sfds[0]
 			if !Matches(local, e.local) {
 				if e.local.Port() == local.Port() {
 					others = append(others, e.local)
@@ -123,14 +124,14 @@ func UDP(pid int, local netip.AddrPort) ([]Socket, error) {
 }
 
 // socketInodes maps the inode of every socket open in proc (a /proc/PID directory) to
-// its lowest descriptor.
-func socketInodes(proc string) (map[uint64]int, error) {
+// its descriptors, lowest first.
+func socketInodes(proc string) (map[uint64][]int, error) {
 	dir := proc + "/fd"
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, procError(dir, err)
 	}
-	out := map[uint64]int{}
+	out := map[uint64][]int{}
 	for _, e := range ents {
 		fd, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -151,9 +152,10 @@ func socketInodes(proc string) (map[uint64]int, error) {
 		if err != nil {
 			continue
 		}
-		if prev, ok := out[ino]; !ok || fd < prev {
-			out[ino] = fd
-		}
+		out[ino] = append(out[ino], fd)
+	}
+	for _, fds := range out {
+		slices.Sort(fds)
 	}
 	return out, nil
 }
@@ -161,6 +163,8 @@ func socketInodes(proc string) (map[uint64]int, error) {
 // procError explains the usual failures of reading another process's /proc entries.
 func procError(path string, err error) error {
 	switch {
+	case errors.Is(err, os.ErrNotExist) && strings.HasPrefix(path, "/proc/self/"):
+		return fmt.Errorf("%s: not found (is /proc mounted?): %w", path, err)
 	case errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("%s: no such process: %w", path, err)
 	case errors.Is(err, os.ErrPermission):
@@ -242,6 +246,24 @@ func parseAddr(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(a, uint16(port)), nil
 }
 
+// Descriptors returns the descriptors of this process for sockets with the given
+// inode, borrowed as Borrow does, lowest first: none when the process has none left
+// (the socket is closed, or lives on only in other processes). Inode numbers of
+// sockets are unique among live sockets until the kernel's 32-bit counter wraps;
+// callers that must not confuse two sockets check another identity too (SO_COOKIE).
+// An error means /proc/self/fd could not be read, and says nothing either way.
+func Descriptors(inode uint64) ([]*Conn, error) {
+	fds, err := socketInodes("/proc/self")
+	if err != nil {
+		return nil, err
+	}
+	var out []*Conn
+	for _, fd := range fds[inode] {
+		out = append(out, &Conn{fd: fd, inode: inode})
+	}
+	return out, nil
+}
+
 // Conn is a UDP socket descriptor of this process as a syscall.Conn, for the rrl
 // package's attach calls. It checks on every use that the descriptor still refers to
 // the socket it was made for, and fails with unix.EBADF otherwise: after the socket
@@ -260,19 +282,33 @@ func Borrow(s Socket) *Conn { return &Conn{fd: s.FD, inode: s.Inode} }
 // SyscallConn returns c itself.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c, nil }
 
-// Control runs fn on the descriptor if it still refers to the socket.
+// Control runs fn on the descriptor if it still refers to the socket. A borrowed
+// descriptor belongs to code that may close it at any moment, and its number may
+// then go to another socket between the check and fn: fn gets a copy of it
+// (F_DUPFD_CLOEXEC), which keeps the checked socket under that number while fn runs
+// and is closed right after. A copy taken from another process is c's own, and used
+// as it is.
 func (c *Conn) Control(fn func(fd uintptr)) error {
 	if c.fd < 0 {
 		return unix.EBADF
 	}
+	fd := c.fd
+	if !c.owned {
+		d, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(d)
+		fd = d
+	}
 	var st unix.Stat_t
-	if err := unix.Fstat(c.fd, &st); err != nil {
+	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
 	if st.Ino != c.inode || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return unix.EBADF
 	}
-	fn(uintptr(c.fd))
+	fn(uintptr(fd))
 	return nil
 }
 

@@ -4,10 +4,13 @@ package procsock
 
 import (
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // A table as the kernel prints it on a little-endian machine.
@@ -115,4 +118,46 @@ func FuzzParseTable(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDescriptors: Descriptors lists every descriptor of a socket, lowest first, and
+// none once they are all closed; a borrowed Conn hands fn a descriptor of the socket
+// while it is open, and fails with EBADF after.
+func TestDescriptors(t *testing.T) {
+	a, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	dup, err := a.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dup.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(dup.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	conns, err := Descriptors(st.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(conns) != 2 || conns[0].fd >= conns[1].fd {
+		t.Fatalf("Descriptors found %d, want the socket's 2 lowest first: %+v", len(conns), conns)
+	}
+	for _, c := range conns {
+		var got unix.Stat_t
+		err := c.Control(func(fd uintptr) { unix.Fstat(int(fd), &got) })
+		if err != nil || got.Ino != st.Ino {
+			t.Errorf("descriptor %d: Control %v, inode %d, want %d", c.fd, err, got.Ino, st.Ino)
+		}
+	}
+	a.Close()
+	dup.Close()
+	if conns, err := Descriptors(st.Ino); err != nil || len(conns) != 0 {
+		t.Errorf("after closing both: Descriptors = %d, %v; want none", len(conns), err)
+	}
+	if err := conns[0].Control(func(uintptr) { t.Error("fn ran on a closed descriptor") }); !errors.Is(err, unix.EBADF) {
+		t.Errorf("Control on a closed descriptor: %v, want EBADF", err)
+	}
 }
