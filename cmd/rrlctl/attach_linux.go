@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
+	"os"
 	"strings"
+	"syscall"
 
 	"github.com/dnsrake/rrl"
 	"github.com/dnsrake/rrl/internal/procsock"
@@ -263,4 +265,13 @@ as "rrlctl unload" does; without, the filter stays pinned for a later attach.`,
 		}
 		return nil
 	},
+}
+
+// fileGroup returns the group that owns the file fi describes.
+func fileGroup(fi os.FileInfo) (int, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, false
+	}
+	return int(st.Gid), true
 }
