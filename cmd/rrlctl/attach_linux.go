@@ -139,7 +139,7 @@ are not applied.`,
 		}
 		defer closeAll(conns)
 		// Everything that can be checked is checked before any socket is touched.
-		saved, err := saveFilters(conns, socks)
+		saved, err := saveFilters(conns, socks, func(procsock.SavedFilter) bool { return true })
 		if err != nil {
 			return err
 		}
@@ -163,7 +163,7 @@ are not applied.`,
 			if created {
 				rrl.Unpin(c.pin)
 			}
-			a.report(c.stdout, fmt.Sprintf("attach failed, so no socket of process %d took the filter pinned in %s", t.pid, c.pin))
+			a.report(c.stdout, a.failureHead(t.pid))
 			return errors.Join(err, undoErr)
 		}
 		closeAll(conns)
@@ -178,18 +178,25 @@ are not applied.`,
 	},
 }
 
-// saveFilters returns the filter of every socket, and fails when one is locked:
-// then no socket can be changed or, if changed, given its filter back.
-func saveFilters(conns []*procsock.Conn, socks []procsock.Socket) ([]procsock.SavedFilter, error) {
+// saveFilters returns the filter of every socket, and fails when one that would be
+// touched (touches) is locked: the kernel refuses any change to its filter, even
+// attaching one where there is none.
+func saveFilters(conns []*procsock.Conn, socks []procsock.Socket, touches func(procsock.SavedFilter) bool) ([]procsock.SavedFilter, error) {
 	saved := make([]procsock.SavedFilter, len(conns))
 	for i, k := range conns {
 		var err error
 		if saved[i], err = procsock.SaveFilter(k); err != nil {
 			return nil, fmt.Errorf("%s: %w", describe(socks[i:i+1]), err)
 		}
-		if saved[i].Locked && saved[i].Kind != procsock.NoFilter {
-			return nil, fmt.Errorf("%s: its %s filter is locked (SO_LOCK_FILTER), so the kernel refuses to change it; no socket was touched",
-				describe(socks[i:i+1]), saved[i].Kind)
+	}
+	for i, s := range saved {
+		if s.Locked && touches(s) {
+			what := "its " + s.Kind + " filter is"
+			if s.Kind == procsock.NoFilter {
+				what = "it has no filter, but"
+			}
+			return nil, fmt.Errorf("%s: %s locked (SO_LOCK_FILTER), so the kernel refuses to change it; no socket was touched",
+				describe(socks[i:i+1]), what)
 		}
 	}
 	return saved, nil
@@ -266,6 +273,27 @@ func (a *attachment) undo() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// failureHead is the first line of the report after undo.
+func (a *attachment) failureHead(pid int) string {
+	kept, lost := 0, 0
+	for _, i := range a.done {
+		switch {
+		case !a.saved[i].Restorable():
+			kept++
+		case !strings.HasSuffix(a.state[i], "as before"):
+			lost++
+		}
+	}
+	head := fmt.Sprintf("attach failed; every socket of process %d has the filter it had", pid)
+	if kept > 0 {
+		head += fmt.Sprintf(", but %d that had an eBPF filter keep the one pinned in %s", kept, a.pin)
+	}
+	if lost > 0 {
+		head += fmt.Sprintf(", and %d could not be given theirs back", lost)
+	}
+	return head
 }
 
 // had describes socket i's filter before attach.
@@ -347,7 +375,7 @@ the filter stays pinned for a later attach.`,
 			return err
 		}
 		defer closeAll(conns)
-		saved, err := saveFilters(conns, socks)
+		saved, err := saveFilters(conns, socks, func(s procsock.SavedFilter) bool { return s.Kind == procsock.EBPFFilter })
 		if err != nil {
 			return err
 		}
