@@ -127,15 +127,18 @@ type pinState struct {
 
 // LoadPinned loads the eBPF filter configured by cfg (nil means NewConfig()) and pins
 // its program and maps in pinDir, a directory on a BPF filesystem (bpffs), for
-// unprivileged processes to attach with AttachPinned. pinDir is created (mode 0750)
-// when its parent is on bpffs.
+// unprivileged processes to attach with AttachPinned. pinDir is created (mode 0750,
+// or 0700 without a group) when its parent is on bpffs.
 //
 // The pins (and a pinDir it creates) are owned by root and by group gid, and give
-// access through the group bits only (see the pin directory layout in pin.go): the
-// server's processes get access by running with gid as their group or a
-// supplementary group. uid names the server's user only to find a group when gid is
-// -1: its primary group, from the user database; with both -1 only root has access.
-// No pin is ever owned by uid: an owner could chmod it.
+// access through the group bits only: members may attach, read the statistics and
+// reconfigure, but not read the cookie secrets (write-only, and root's alone where
+// kernel.unprivileged_bpf_disabled is 0) nor write the counters, sketches and
+// limited groups; docs/deployment.md has the table. The server's processes get
+// access by running with gid as their group or a supplementary group. uid names the
+// server's user only to find a group when gid is -1: its primary group, from the
+// user database; with both -1 only root has access. No pin is ever owned by uid: an
+// owner could chmod it.
 //
 // pinDir, and each directory above it on bpffs, must be one only root can change
 // (owned by root and writable by nobody else; above pinDir, sticky also does): a
