@@ -25,12 +25,13 @@ func ExampleConfig_Values() {
 	// ipv4-request-levels "32:1 16:16"
 }
 
-// A privileged step (here in Go; or `rrlctl load -pin /sys/fs/bpf/rrl -user dns
-// -requests-per-second 50`) loads the filter for the user the server runs as.
+// A privileged step (here in Go; or `rrlctl load -pin /sys/fs/bpf/rrl -group dns
+// -requests-per-second 50`) loads the filter for the group the server runs in: the
+// pins are root's, with access for gid 53's members.
 func ExampleLoadPinned() {
 	cfg := rrl.NewConfig()
 	cfg.SetValue("requests-per-second", "50")
-	if err := rrl.LoadPinned(cfg, "/sys/fs/bpf/rrl", 53, -1); err != nil {
+	if err := rrl.LoadPinned(cfg, "/sys/fs/bpf/rrl", -1, 53); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -212,8 +212,8 @@ func TestUseCookiesDualStack(t *testing.T) {
 	}
 }
 
-// TestPinnedCookieSecrets: the cookie secrets pin is write-only for its owner (mode
-// 0220); through it an unprivileged owner gives the pinned filter its secrets and
+// TestPinnedCookieSecrets: the cookie secrets pin is write-only for its group (mode
+// 0220); through it an unprivileged member gives the pinned filter its secrets and
 // rotates them, and cannot read them back (TestPinnedCookieSecretsChild).
 func TestPinnedCookieSecrets(t *testing.T) {
 	e := newPinEnv(t)
@@ -273,7 +273,7 @@ func TestPinnedCookieSecretsChild(t *testing.T) {
 	defer f.Close()
 	c := NewCookies(testSecretA)
 	if err := f.UseCookies(c); err != nil {
-		t.Fatalf("UseCookies as the owner: %v", err)
+		t.Fatalf("UseCookies as a member of the group: %v", err)
 	}
 	c.Rotate(testSecretB)
 	path := filepath.Join(dir, pinCookieSecrets)

@@ -10,26 +10,31 @@ package rrl
 //
 // A pin directory holds:
 //
-//	rrl_filter    the program                           0440
-//	rrl_settings  live settings (limits, seed, version) 0660
-//	rrl_exempt4   exempt-clients, IPv4                  0660
-//	rrl_exempt6   exempt-clients, IPv6                  0660
-//	rrl_config    the Config as keyword=value text, one  0660
-//	              entry per settings slot
-//	rrl_counters  per-CPU counters                      0440
-//	rrl_cells     the sketches                          0440
-//	rrl_limited   the groups limited lately             0440
-//	rrl_cookie_secrets  server cookie secrets (UseCookies) 0220
+//	rrl_filter          the program                           0440
+//	rrl_settings        live settings (limits, seed, version) 0660
+//	rrl_exempt4         exempt-clients, IPv4                  0660
+//	rrl_exempt6         exempt-clients, IPv6                  0660
+//	rrl_config          the Config as keyword=value text, one 0660
+//	                    entry per settings slot
+//	rrl_counters        per-CPU counters                      0440
+//	rrl_cells           the sketches                          0440
+//	rrl_limited         the groups limited lately             0440
+//	rrl_cookie_secrets  server cookie secrets (UseCookies)    0220
 //
-// Every object is owned by the uid and gid given to LoadPinned, so that user (and
-// group) can attach, read statistics and the sketches, and reconfigure the filter
-// with Update; nobody else can open anything. Without a gid (-1) the group bits are
-// cleared: root's group gets nothing. Attaching needs only read access to the
-// program; counters, sketches and limited groups are read-only even for the owner,
-// as only the kernel program writes them. The cookie secrets are write-only even for the owner
-// (opened with BPF_F_WRONLY), so no unprivileged process can read them. A directory LoadPinned
-// creates is mode 0711 and stays owned by its creator: anyone may traverse it, nobody
-// but root may list it or remove pins from it.
+// Every pin, and a directory LoadPinned creates (mode 0750), is owned by root and by
+// the group given to LoadPinned: access goes through the group bits alone, so that
+// no unprivileged process owns anything and none can chmod a pin, or rename, unlink
+// or replace one in the directory. Members of the group can attach, read statistics
+// and the sketches, and reconfigure the filter with Update; nobody else can open
+// anything. Without a group the group bits are cleared and only root has access.
+// Counters, sketches and limited groups are read-only for the group, as only the
+// kernel program writes them; the cookie secrets are write-only (opened with
+// BPF_F_WRONLY), so no unprivileged process can read them; where unprivileged
+// processes may load BPF programs (kernel.unprivileged_bpf_disabled=0), which could
+// read the map through any descriptor of it, they are root's alone (the group bits
+// are cleared) and only root can give the filter its secrets. A user is never an owner:
+// it has access as a member of the group (LoadPinned takes a uid only to find its
+// primary group). docs/deployment.md has the table of who can do what with each pin.
 //
 // rrl_config is not part of filter_bpf.c: it is an array map created from Go with two
 // values (a small header and the Config's keyword=value lines), one for each slot of
@@ -45,6 +50,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -121,11 +127,25 @@ type pinState struct {
 
 // LoadPinned loads the eBPF filter configured by cfg (nil means NewConfig()) and pins
 // its program and maps in pinDir, a directory on a BPF filesystem (bpffs), for
-// unprivileged processes to attach with AttachPinned. pinDir is created when its
-// parent is on bpffs. The pins are made accessible to uid and gid (-1 leaves the
-// owner or group as root): see the pin directory layout in the package
-// documentation of pin.go. It needs CAP_BPF (or root) and, for the ownership,
-// CAP_CHOWN. Nothing keeps running: the pins hold the filter until Unpin.
+// unprivileged processes to attach with AttachPinned. pinDir is created (mode 0750,
+// or 0700 without a group) when its parent is on bpffs.
+//
+// The pins (and a pinDir it creates) are owned by root and by group gid, and give
+// access through the group bits only: members may attach, read the statistics and
+// reconfigure, but not read the cookie secrets (write-only, and root's alone where
+// kernel.unprivileged_bpf_disabled is 0) nor write the counters, sketches and
+// limited groups; docs/deployment.md has the table. The server's processes get
+// access by running with gid as their group or a supplementary group. uid names the
+// server's user only to find a group when gid is -1: its primary group, from the
+// user database; with both -1 only root has access. No pin is ever owned by uid: an
+// owner could chmod it.
+//
+// pinDir, and each directory above it on bpffs, must be one only root can change
+// (owned by root and writable by nobody else; above pinDir, sticky also does): a
+// user who could rename or unlink entries there could replace the pins with its own.
+//
+// It needs CAP_BPF (or root) and, for the ownership, CAP_CHOWN. Nothing keeps
+// running: the pins hold the filter until Unpin.
 func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 	if cfg == nil {
 		cfg = NewConfig()
@@ -140,6 +160,9 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 			return fmt.Errorf("rrl: load pinned filter: %s %d out of range 0..%d (or -1)", id.name, id.v, int64(maxPinID))
 		}
 	}
+	if gid, err = pinGroup(uid, gid); err != nil {
+		return err
+	}
 	created, err := preparePinDir(pinDir)
 	if err != nil {
 		return err
@@ -149,6 +172,9 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 			os.Remove(pinDir)
 		}
 	}()
+	if err := checkPinDirSafe(pinDir); err != nil {
+		return err
+	}
 	for _, name := range pinOrder {
 		if _, serr := os.Lstat(filepath.Join(pinDir, name)); serr == nil {
 			return fmt.Errorf("rrl: %s: %w: a filter is already pinned there (unload it first)", filepath.Join(pinDir, name), fs.ErrExist)
@@ -192,31 +218,79 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 		}
 	}()
 	for _, name := range pinOrder {
+		// A new pin is its creator's, mode 0600 less the umask, until giveAccess:
+		// nobody else can open it in between.
 		path := filepath.Join(pinDir, name)
 		if err := objects[name].Pin(path); err != nil {
 			return fmt.Errorf("rrl: pin %s: %w", path, err)
 		}
 		pinned = append(pinned, path)
-		if err := os.Chown(path, uid, gid); err != nil {
-			if isPermission(err) {
-				return fmt.Errorf("rrl: give %s to uid %d gid %d: %w (needs CAP_CHOWN): %w", path, uid, gid, ErrNotPermitted, err)
-			}
-			return fmt.Errorf("rrl: %w", err)
-		}
 		mode := pinModes[name]
-		if gid < 0 {
-			// The group stays root's: it gets nothing.
+		if name == pinCookieSecrets && unprivilegedBPF() {
+			// A process that may load programs can read any map it holds a
+			// descriptor of from inside one, write-only or not: keep the secrets
+			// root's alone.
 			mode &^= 0o070
 		}
-		if err := os.Chmod(path, mode); err != nil {
-			return fmt.Errorf("rrl: %w", err)
+		if err := giveAccess(path, mode, gid); err != nil {
+			return err
+		}
+	}
+	if created {
+		// Last, so that the group sees the directory only once every pin is there.
+		if err := giveAccess(pinDir, 0o750, gid); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
+// unprivilegedBPF reports whether unprivileged processes may load BPF programs
+// (kernel.unprivileged_bpf_disabled is 0), or whether that cannot be told; tests
+// replace it.
+var unprivilegedBPF = func() bool {
+	b, err := os.ReadFile("/proc/sys/kernel/unprivileged_bpf_disabled")
+	return err != nil || strings.TrimSpace(string(b)) == "0"
+}
+
+// giveAccess makes path root's and group gid's with mode (for gid -1: root's and
+// group 0's, with the group bits cleared).
+func giveAccess(path string, mode os.FileMode, gid int) error {
+	if gid < 0 {
+		gid, mode = 0, mode&^0o070
+	}
+	if err := os.Chown(path, 0, gid); err != nil {
+		if isPermission(err) {
+			return fmt.Errorf("rrl: give %s to root and gid %d: %w (needs CAP_CHOWN): %w", path, gid, ErrNotPermitted, err)
+		}
+		return fmt.Errorf("rrl: %w", err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		return fmt.Errorf("rrl: %w", err)
+	}
+	return nil
+}
+
+// pinGroup returns the group the pins go to: gid, or when it is -1 the primary
+// group of uid (-1 when uid is -1 too).
+func pinGroup(uid, gid int) (int, error) {
+	if gid != -1 || uid == -1 {
+		return gid, nil
+	}
+	u, err := user.LookupId(strconv.Itoa(uid))
+	if err != nil {
+		return 0, fmt.Errorf("rrl: load pinned filter: uid %d: no primary group to give the pins to (%w); give a gid", uid, err)
+	}
+	g, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil || g > maxPinID {
+		return 0, fmt.Errorf("rrl: load pinned filter: uid %d has primary group %q, not a gid; give a gid", uid, u.Gid)
+	}
+	return int(g), nil
+}
+
 // preparePinDir checks that dir is, or can be created, on bpffs, and creates it
-// (mode 0711) if it does not exist.
+// (mode 0700, root's; LoadPinned opens it to the group once the pins are there) if
+// it does not exist.
 func preparePinDir(dir string) (created bool, err error) {
 	if err := checkBPFFS(dir); err == nil {
 		return false, nil
@@ -230,18 +304,57 @@ func preparePinDir(dir string) (created bool, err error) {
 		}
 		return false, err
 	}
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		if isPermission(err) {
 			return false, fmt.Errorf("rrl: create pin directory %s: %w for uid %d: %w", dir, ErrNotPermitted, os.Geteuid(), err)
 		}
 		return false, fmt.Errorf("rrl: %w", err)
 	}
-	// The umask may have taken bits away.
-	if err := os.Chmod(dir, 0o711); err != nil {
-		os.Remove(dir)
-		return false, fmt.Errorf("rrl: %w", err)
-	}
 	return true, nil
+}
+
+// checkPinDirSafe fails unless only root can change which objects dir's pins name:
+// dir must be owned by root and writable by nobody else, and so must every directory
+// above it on bpffs, where sticky also does (there nobody but root may rename or
+// unlink root's entries). Both the path as given and the one its symlinks lead to
+// are checked.
+func checkPinDirSafe(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("rrl: %w", err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return fmt.Errorf("rrl: %w", err)
+	}
+	for _, p := range []string{abs, real} {
+		for d, top := p, true; ; d, top = filepath.Dir(d), false {
+			var st unix.Statfs_t
+			if err := unix.Statfs(d, &st); err != nil || uint32(st.Type) != unix.BPF_FS_MAGIC {
+				break // above the bpffs mount
+			}
+			fi, err := os.Lstat(d)
+			if err != nil {
+				return fmt.Errorf("rrl: %w", err)
+			}
+			sys, _ := fi.Sys().(*syscall.Stat_t)
+			if fi.Mode()&fs.ModeSymlink == 0 && sys != nil {
+				writable := fi.Mode().Perm()&0o022 != 0 && (top || fi.Mode()&fs.ModeSticky == 0)
+				if sys.Uid != 0 || writable {
+					what := "pin directory " + dir
+					if d != abs {
+						what += ": " + d
+					}
+					return fmt.Errorf("rrl: %s (owner uid %d gid %d, mode %s) can be changed by users other than root, who could replace the pins with their own: use a directory only root can write",
+						what, sys.Uid, sys.Gid, fi.Mode())
+				}
+			}
+			if d == "/" {
+				break
+			}
+		}
+	}
+	return nil
 }
 
 // checkBPFFS reports whether path exists and is on bpffs, with an error saying
@@ -566,6 +679,11 @@ func accessErrorOn(path string, err error, major, minor int, ok bool) error {
 	if fi, serr := os.Stat(path); serr == nil {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 			what = fmt.Sprintf(" (owner uid %d gid %d, mode %04o)", st.Uid, st.Gid, fi.Mode().Perm())
+		}
+	} else if fi, derr := os.Stat(filepath.Dir(path)); isPermission(serr) && derr == nil {
+		// The directory may not be searched: say whose it is.
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			what = fmt.Sprintf(" (in %s: owner uid %d gid %d, mode %04o)", filepath.Dir(path), st.Uid, st.Gid, fi.Mode().Perm())
 		}
 	}
 	if ok && (major < 5 || major == 5 && minor < 19) {

@@ -9,12 +9,15 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +25,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -331,10 +335,10 @@ func loadPinnedForTest(t *testing.T, dir, rps string, uid, gid int) {
 	}
 }
 
-// TestPinnedUnprivilegedAttach: root loads and pins for uid 65534; a process running
+// TestPinnedUnprivilegedAttach: root loads and pins for group 65534; a process running
 // as 65534 without capabilities attaches, and a flood from one /24 reaches it at the
-// /24's limit; its Update works (it owns the settings), its Close leaves the pins, and
-// root sees the limiting through the pins.
+// /24's limit; its Update works (its group may write the settings), its Close leaves
+// the pins, and root sees the limiting through the pins.
 func TestPinnedUnprivilegedAttach(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live flood")
@@ -343,20 +347,7 @@ func TestPinnedUnprivilegedAttach(t *testing.T) {
 	dir := filepath.Join(e.mnt, "rrl")
 	loadPinnedForTest(t, dir, "500", nobody, nobody)
 
-	// Ownership and modes: the user gets what it needs and nobody anything more.
-	for name, mode := range pinModes {
-		fi, err := os.Stat(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		if fi.Mode().Perm() != mode || st.Uid != nobody || st.Gid != nobody {
-			t.Errorf("%s: mode %04o uid %d gid %d, want %04o %d %d", name, fi.Mode().Perm(), st.Uid, st.Gid, mode, nobody, nobody)
-		}
-	}
-	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o711 {
-		t.Errorf("pin directory: %v, %v; want mode 0711", fi.Mode(), err)
-	}
+	checkPinAccess(t, dir, nobody)
 
 	srv := e.start(t, "serve", dir, nobody, nobody, 0)
 	const dur = 3 * time.Second
@@ -461,6 +452,519 @@ func TestPinnedPermissions(t *testing.T) {
 	}
 	if !ro.UpdateNotPermitted || !strings.Contains(ro.UpdateErr, settings) || !strings.Contains(ro.UpdateErr, "uid 65534") {
 		t.Errorf("Update with read-only settings: %q (ErrNotPermitted %v), want a permission error naming %s and the uid", ro.UpdateErr, ro.UpdateNotPermitted, settings)
+	}
+}
+
+// checkPinAccess fails t unless dir and every pin in it are owned by root and group
+// gid with exactly the layout's modes, and dir holds nothing but the pins.
+func checkPinAccess(t *testing.T, dir string, gid uint32) {
+	t.Helper()
+	want := map[string]os.FileMode{".": 0o750}
+	for name, mode := range pinModes {
+		want[name] = mode
+	}
+	if unprivilegedBPF() {
+		want[pinCookieSecrets] = 0o200 // root's alone on such a kernel
+	}
+	for name, mode := range want {
+		fi, err := os.Lstat(filepath.Join(dir, name))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if fi.Mode().Perm() != mode || fi.Mode()&(fs.ModeSticky|fs.ModeSetuid|fs.ModeSetgid) != 0 || st.Uid != 0 || st.Gid != gid {
+			t.Errorf("%s: mode %s uid %d gid %d, want %04o, owner 0 and group %d", name, fi.Mode(), st.Uid, st.Gid, mode, gid)
+		}
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	slices.Sort(names)
+	if wantNames := slices.Sorted(maps.Keys(pinModes)); !slices.Equal(names, wantNames) {
+		t.Errorf("pin directory holds %q, want %q", names, wantNames)
+	}
+}
+
+// childQueries and childResponses are what TestPinnedAccessUnprivilegedChild sends
+// to its own socket.
+const childQueries, childResponses = 10, 3
+
+// TestPinnedAccessUnprivileged: root loads the pins for group 65534, and a process of
+// that group (uid 65534, no capabilities) tries every way its uid allows to read the
+// cookie secrets, to write the maps only the kernel writes, and to take the pins
+// over (TestPinnedAccessUnprivilegedChild): all are refused, while attaching the
+// filter to its own socket and reconfiguring it work, and the filter judges its
+// packets. Afterwards the pins are as root made them. The server's uid outside the
+// group gets nothing: no pin is its own.
+func TestPinnedAccessUnprivileged(t *testing.T) {
+	e := newPinEnv(t)
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "500", nobody, nobody)
+	checkPinAccess(t, dir, nobody)
+	root, err := OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	before, err := root.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := unprivilegedRun(t, "TestPinnedAccessUnprivilegedChild", "RRL_PIN_ACCESS_DIR="+dir)
+	t.Logf("child:\n%s", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPinAccess(t, dir, nobody)
+	after, err := root.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen, passed := after.Seen-before.Seen, after.Passed-before.Passed; seen != childQueries+childResponses || passed != childQueries {
+		t.Errorf("through root's descriptors the child's traffic shows as %d seen, %d passed; want %d and %d",
+			seen, passed, childQueries+childResponses, childQueries)
+	}
+
+	stranger := e.start(t, "probe", dir, nobody, nobody-1, 0).result(t)
+	t.Logf("uid %d outside group %d: %s", nobody, nobody, stranger.Err)
+	if !stranger.NotPermitted || stranger.Mode != "" {
+		t.Errorf("uid %d in group %d: %+v; want ErrNotPermitted", nobody, nobody-1, stranger)
+	}
+}
+
+// errAny stands for any error in TestPinnedAccessUnprivilegedChild's table.
+var errAny = errors.New("any error")
+
+// TestPinnedAccessUnprivilegedChild is the unprivileged side of
+// TestPinnedAccessUnprivileged.
+func TestPinnedAccessUnprivilegedChild(t *testing.T) {
+	dir := os.Getenv("RRL_PIN_ACCESS_DIR")
+	if !isUnprivilegedChild() || dir == "" {
+		t.Skip("child of TestPinnedAccessUnprivileged")
+	}
+	checkUnprivileged(t)
+	pin := func(name string) string { return filepath.Join(dir, name) }
+	secrets := pin(pinCookieSecrets)
+	openMap := func(name string, opts *ebpf.LoadPinOptions, then func(m *ebpf.Map) error) func() error {
+		return func() error {
+			m, err := ebpf.LoadPinnedMap(pin(name), opts)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			if then == nil {
+				return nil
+			}
+			return then(m)
+		}
+	}
+	ro, wo := &ebpf.LoadPinOptions{ReadOnly: true}, &ebpf.LoadPinOptions{WriteOnly: true}
+	// Where unprivileged BPF is enabled the secrets are root's alone, so even the
+	// write-only opening is refused, and a map of one's own can be made.
+	viaWriteOnly, ownMap := error(unix.EPERM), error(unix.EPERM)
+	if unprivilegedBPF() {
+		viaWriteOnly, ownMap = unix.EACCES, nil
+	}
+	cmd := func(c int) func(m *ebpf.Map) error { return func(m *ebpf.Map) error { return bpfMapCmd(m, c) } }
+	steps := []struct {
+		name string
+		do   func() error
+		want error
+	}{
+		// The secrets: write-only for the group, by every route.
+		{"open the secrets to read", openMap(pinCookieSecrets, ro, nil), unix.EACCES},
+		{"open the secrets to read and write", openMap(pinCookieSecrets, nil, nil), unix.EACCES},
+		{"look the secrets up through a write-only descriptor", openMap(pinCookieSecrets, wo, cmd(unix.BPF_MAP_LOOKUP_ELEM)), viaWriteOnly},
+		{"walk the secrets' keys through a write-only descriptor", openMap(pinCookieSecrets, wo, cmd(unix.BPF_MAP_GET_NEXT_KEY)), viaWriteOnly},
+		{"mmap the secrets", openMap(pinCookieSecrets, wo, func(m *ebpf.Map) error {
+			b, err := unix.Mmap(m.FD(), 0, os.Getpagesize(), unix.PROT_READ, unix.MAP_SHARED)
+			if err == nil {
+				unix.Munmap(b)
+			}
+			return err
+		}), errAny},
+		{"open the program's maps by ID", func() error {
+			prog, err := ebpf.LoadPinnedProgram(pin(pinProgram), ro)
+			if err != nil {
+				return err
+			}
+			defer prog.Close()
+			info, err := prog.Info()
+			if err != nil {
+				return err
+			}
+			ids, ok := info.MapIDs()
+			if !ok || len(ids) == 0 {
+				return fmt.Errorf("the program's map IDs are not available: %w", unix.ENODATA)
+			}
+			var errs []error
+			for _, id := range ids {
+				m, err := ebpf.NewMapFromID(id)
+				if err == nil {
+					m.Close()
+					return fmt.Errorf("opened map %d by ID", id)
+				}
+				if !errors.Is(err, unix.EPERM) {
+					errs = append(errs, err)
+				}
+			}
+			if len(errs) > 0 {
+				return errors.Join(errs...)
+			}
+			return unix.EPERM
+		}, unix.EPERM},
+		{"create a map of its own", func() error {
+			m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+			if err == nil {
+				m.Close()
+			}
+			return err
+		}, ownMap},
+		{"chmod the secrets", func() error { return os.Chmod(secrets, 0o660) }, unix.EPERM},
+		{"chown the secrets", func() error { return os.Chown(secrets, os.Getuid(), -1) }, unix.EPERM},
+
+		// What only the kernel writes.
+		{"open the counters to write", openMap(pinCounters, nil, nil), unix.EACCES},
+		{"write the counters", openMap(pinCounters, ro, cmd(unix.BPF_MAP_UPDATE_ELEM)), unix.EPERM},
+		{"chmod the counters", func() error { return os.Chmod(pin(pinCounters), 0o660) }, unix.EPERM},
+		{"open the sketches to write", openMap(pinCells, nil, nil), unix.EACCES},
+		{"write the sketches", openMap(pinCells, ro, cmd(unix.BPF_MAP_UPDATE_ELEM)), unix.EPERM},
+		{"chmod the sketches", func() error { return os.Chmod(pin(pinCells), 0o660) }, unix.EPERM},
+		{"open the limited groups to write", openMap(pinLimited, nil, nil), unix.EACCES},
+		{"write the limited groups", openMap(pinLimited, ro, cmd(unix.BPF_MAP_UPDATE_ELEM)), unix.EPERM},
+		{"delete from the limited groups", openMap(pinLimited, ro, cmd(unix.BPF_MAP_DELETE_ELEM)), unix.EPERM},
+		{"chmod the limited groups", func() error { return os.Chmod(pin(pinLimited), 0o660) }, unix.EPERM},
+		{"open the program to write", func() error {
+			p, err := ebpf.LoadPinnedProgram(pin(pinProgram), nil)
+			if err == nil {
+				p.Close()
+			}
+			return err
+		}, unix.EACCES},
+		{"chmod the program", func() error { return os.Chmod(pin(pinProgram), 0o660) }, unix.EPERM},
+		{"chmod the settings", func() error { return os.Chmod(pin(pinSettings), 0o666) }, unix.EPERM},
+
+		// The directory: no pin can be removed, moved or replaced.
+		{"unlink the secrets", func() error { return os.Remove(secrets) }, unix.EACCES},
+		{"rename the settings", func() error { return os.Rename(pin(pinSettings), pin("moved")) }, unix.EACCES},
+		{"rename the program over the config", func() error { return os.Rename(pin(pinProgram), pin(pinConfig)) }, unix.EACCES},
+		{"add a symlink", func() error { return os.Symlink("/tmp", pin("rrl_evil")) }, unix.EACCES},
+		{"add a directory", func() error { return os.Mkdir(pin("sub"), 0o700) }, unix.EACCES},
+		{"chmod the pin directory", func() error { return os.Chmod(dir, 0o770) }, unix.EPERM},
+		{"rename the pin directory", func() error { return os.Rename(dir, dir+"-moved") }, unix.EACCES},
+	}
+	for _, s := range steps {
+		if s.want == nil {
+			continue // allowed on this kernel
+		}
+		err := s.do()
+		switch {
+		case err == nil:
+			t.Errorf("%s: done; want it refused", s.name)
+		case s.want != errAny && !errors.Is(err, s.want):
+			t.Errorf("%s: %v; want %v", s.name, err, s.want)
+		default:
+			t.Logf("%s: refused: %v", s.name, err)
+		}
+	}
+
+	// What the group is for: attach to its own socket and reconfigure.
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	f, err := AttachPinned(conn, dir)
+	if err != nil {
+		t.Fatalf("AttachPinned as a member of the group: %v", err)
+	}
+	defer f.Close()
+	if err := f.Update(f.Config()); err != nil {
+		t.Errorf("Update as a member of the group: %v", err)
+	}
+	before, err := f.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := net.DialUDP("udp4", nil, conn.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	for i := range childQueries + childResponses {
+		q := dnsQuery(uint16(i), false)
+		if i >= childQueries {
+			q = qr(q) // reflected responses, which the filter drops
+		}
+		if _, err := client.Write(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := 0
+	buf := make([]byte, 2048)
+	for {
+		// Every query within a second; then nothing more (the responses were dropped).
+		wait := time.Second
+		if got == childQueries {
+			wait = 200 * time.Millisecond
+		}
+		conn.SetReadDeadline(time.Now().Add(wait))
+		n, err := conn.Read(buf)
+		if err != nil {
+			break
+		}
+		if buf[2]&0x80 != 0 {
+			t.Errorf("a response (id %d) reached the socket", binary.BigEndian.Uint16(buf[:n]))
+		}
+		got++
+	}
+	after, err := f.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen, passed, responses := after.Seen-before.Seen, after.Passed-before.Passed, after.DroppedResponse-before.DroppedResponse
+	t.Logf("received %d; filter: seen %d, passed %d, dropped responses %d", got, seen, passed, responses)
+	if got != childQueries || seen != childQueries+childResponses || passed != childQueries || responses != childResponses {
+		t.Errorf("received %d queries, filter saw %d, passed %d, dropped %d responses; want %d, %d, %d, %d",
+			got, seen, passed, responses, childQueries, childQueries+childResponses, childQueries, childResponses)
+	}
+}
+
+// bpfMapCmd issues map command c of bpf(2) on m with zeroed key and value buffers,
+// bypassing the library's own checks so that the kernel decides.
+func bpfMapCmd(m *ebpf.Map, c int) error {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return err
+	}
+	key := make([]byte, max(m.KeySize(), 1))
+	val := make([]byte, max((int(m.ValueSize())+7)&^7*ncpu, len(key)))
+	attr := struct {
+		fd         uint32
+		_          uint32
+		key, value uint64 // value: next_key for BPF_MAP_GET_NEXT_KEY
+		flags      uint64
+	}{fd: uint32(m.FD()), key: uint64(uintptr(unsafe.Pointer(&key[0]))), value: uint64(uintptr(unsafe.Pointer(&val[0])))}
+	if c == unix.BPF_MAP_DELETE_ELEM {
+		attr.value = 0 // the kernel refuses (EINVAL) fields a command does not take
+	}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, uintptr(c), uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(key)
+	runtime.KeepAlive(val)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// TestLoadPinnedUnsafeDir: LoadPinned refuses a pin directory that anyone but root
+// could change, or one below such a directory on bpffs (through a symlink too),
+// pins nothing and removes a directory it created; directories only root can
+// change, sticky ones above the pin directory among them, are accepted and left as
+// they were.
+func TestLoadPinnedUnsafeDir(t *testing.T) {
+	e := newPinEnv(t)
+	mkdir := func(t *testing.T, path string, mode os.FileMode, uid int) string {
+		t.Helper()
+		if err := os.Mkdir(path, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(path, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	cases := []struct {
+		name string
+		// setup makes what the case needs under base and returns the pin directory
+		// to load into and the directory whose mode must be left as it is.
+		setup func(t *testing.T, base string) (pinDir, kept string)
+		ok    bool
+	}{
+		{"an existing directory of another user", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o755, nobody)
+			return d, d
+		}, false},
+		{"an existing directory anyone may write", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o777, 0)
+			return d, d
+		}, false},
+		{"an existing sticky directory anyone may write", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o777|fs.ModeSticky, 0)
+			return d, d
+		}, false},
+		{"an existing group-writable directory", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o770, 0)
+			return d, d
+		}, false},
+		{"under a directory of another user", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o755, nobody)
+			return d + "/rrl", d
+		}, false},
+		{"under a group-writable directory", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o775, 0)
+			return d + "/rrl", d
+		}, false},
+		{"two levels under a directory of another user", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o755, nobody)
+			mkdir(t, d+"/e", 0o755, 0)
+			return d + "/e/rrl", d
+		}, false},
+		{"through a symlink into a directory anyone may write", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o777, 0)
+			if err := os.Symlink(d, base+"/link"); err != nil {
+				t.Fatal(err)
+			}
+			return base + "/link/rrl", d
+		}, false},
+		{"an existing directory of root's", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o755, 0)
+			return d, d
+		}, true},
+		{"under a sticky directory anyone may write", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o777|fs.ModeSticky, 0)
+			return d + "/rrl", d
+		}, true},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			base := mkdir(t, filepath.Join(e.mnt, fmt.Sprintf("case%d", i)), 0o755, 0)
+			dir, kept := c.setup(t, base)
+			keptMode, err := os.Stat(kept)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = LoadPinned(nil, dir, -1, nobody)
+			t.Logf("LoadPinned(%s): %v", dir, err)
+			if fi, serr := os.Stat(kept); serr != nil || fi.Mode() != keptMode.Mode() {
+				t.Errorf("%s: mode %v (%v), was %v", kept, fi.Mode(), serr, keptMode.Mode())
+			}
+			if c.ok {
+				if err != nil {
+					t.Fatalf("LoadPinned: %v", err)
+				}
+				if err := Unpin(dir); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "other than root") || !strings.Contains(err.Error(), kept) {
+				t.Errorf("LoadPinned(%s): %v; want a refusal naming %s", dir, err, kept)
+			}
+			if _, err := os.Stat(filepath.Join(dir, pinProgram)); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a refused load left %s: %v", pinProgram, err)
+			}
+			if dir != kept {
+				if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("a refused load left the directory it made: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestLoadPinnedGroup: the pins go to root and the group given; with a uid alone, to
+// that user's primary group from the user database, and a uid it does not know is
+// refused before anything is pinned. No pin is the uid's own.
+func TestLoadPinnedGroup(t *testing.T) {
+	e := newPinEnv(t)
+	u, err := user.LookupId(strconv.Itoa(nobody))
+	if err != nil {
+		t.Fatalf("uid %d in the user database: %v", nobody, err)
+	}
+	nobodyGroup, err := strconv.Atoi(u.Gid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown := 4242
+	for _, err := user.LookupId(strconv.Itoa(unknown)); err == nil; _, err = user.LookupId(strconv.Itoa(unknown)) {
+		unknown++
+	}
+	cases := []struct {
+		uid, gid  int
+		wantGroup int // -1: refused
+		wantMode  func(os.FileMode) os.FileMode
+	}{
+		{nobody, 77, 77, nil},
+		{nobody, -1, nobodyGroup, nil},
+		{unknown, 78, 78, nil},
+		{unknown, -1, -1, nil},
+		{-1, 79, 79, nil},
+		{-1, -1, 0, func(m os.FileMode) os.FileMode { return m &^ 0o070 }},
+	}
+	for i, c := range cases {
+		dir := filepath.Join(e.mnt, fmt.Sprintf("rrl%d", i))
+		err := LoadPinned(nil, dir, c.uid, c.gid)
+		if c.wantGroup < 0 {
+			if err == nil || !strings.Contains(err.Error(), "give a gid") {
+				t.Errorf("uid %d gid %d: %v; want a refusal asking for a gid", c.uid, c.gid, err)
+			}
+			if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("uid %d gid %d: the refused load left %s: %v", c.uid, c.gid, dir, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("uid %d gid %d: %v", c.uid, c.gid, err)
+			continue
+		}
+		want := map[string]os.FileMode{".": 0o750}
+		for name, mode := range pinModes {
+			want[name] = mode
+		}
+		for name, mode := range want {
+			if c.wantMode != nil {
+				mode = c.wantMode(mode)
+			}
+			fi, err := os.Stat(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			if st.Uid != 0 || int(st.Gid) != c.wantGroup || fi.Mode().Perm() != mode {
+				t.Errorf("uid %d gid %d: %s is %d:%d mode %04o, want 0:%d %04o", c.uid, c.gid, name, st.Uid, st.Gid, fi.Mode().Perm(), c.wantGroup, mode)
+			}
+		}
+		if err := Unpin(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLoadPinnedSecretsWithUnprivilegedBPF: where unprivileged processes may load
+// BPF programs (and so read a map through a write-only descriptor), the secrets pin
+// is root's alone; the rest is as usual, and a member still attaches.
+func TestLoadPinnedSecretsWithUnprivilegedBPF(t *testing.T) {
+	e := newPinEnv(t)
+	saved := unprivilegedBPF
+	unprivilegedBPF = func() bool { return true }
+	defer func() { unprivilegedBPF = saved }()
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "500", -1, nobody)
+	for name, mode := range pinModes {
+		if name == pinCookieSecrets {
+			mode = 0o200
+		}
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != mode || st.Uid != 0 || st.Gid != nobody {
+			t.Errorf("%s: %d:%d mode %04o, want 0:%d %04o", name, st.Uid, st.Gid, fi.Mode().Perm(), nobody, mode)
+		}
+	}
+	r := e.start(t, "probe", dir, nobody, nobody, 0).result(t)
+	if r.Err != "" || r.Mode != "ebpf" || r.UpdateErr != "" {
+		t.Errorf("member: %+v; want it attached and updating", r)
 	}
 }
 

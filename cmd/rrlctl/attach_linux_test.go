@@ -273,7 +273,7 @@ func attachScenario(t *testing.T, pid int, addr netip.AddrPort, pin string) {
 
 	// Attaching again replaces the filter with itself, and says so.
 	code, out, errOut = rrlctl("attach", "-pid", pidArg, "-listen", listen, "-pin", pin)
-	if code != exitOK || !strings.Contains(out, "replaced the filter") || strings.Contains(out, "loaded") {
+	if code != exitOK || !strings.Contains(out, "replacing its eBPF filter") || strings.Contains(out, "loaded") {
 		t.Fatalf("second attach: exit %d: %s%s", code, out, errOut)
 	}
 

@@ -5,7 +5,11 @@ package main
 import (
 	"errors"
 	"flag"
+	"os"
 )
+
+// fileGroup is unknown off Linux, where nothing is pinned.
+func fileGroup(os.FileInfo) (int, bool) { return 0, false }
 
 // Copying another process's sockets (pidfd_getfd) and socket filters are Linux
 // features.

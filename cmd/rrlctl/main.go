@@ -15,8 +15,8 @@
 //
 // load and unload need root (CAP_BPF, CAP_CHOWN); attach and detach, which protect a
 // running server that never calls rrl.Attach (named, Knot, Unbound...), need root or
-// CAP_SYS_PTRACE over it as well; the others need access to the pins (the user and
-// group given to load have it). Exit status: 0 success, 1 failure,
+// CAP_SYS_PTRACE over it as well; the others need access to the pins (the members of
+// the group given to load have it; docs/deployment.md says who may do what). Exit status: 0 success, 1 failure,
 // 2 bad usage. `rrlctl COMMAND -h` describes each command.
 package main
 
@@ -27,6 +27,7 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -73,7 +74,7 @@ var commands = []*command{loadCommand, unloadCommand, statsCommand, setCommand, 
 const overview = `rrlctl manages the rrl kernel filter pinned in a bpffs directory.
 
 A privileged step ("rrlctl load") loads the filter once and pins it; DNS servers
-running as the given user attach it to their sockets without privileges
+in the given group attach it to their sockets without privileges
 (rrl.AttachPinned, Linux 5.19 or later) and share one set of limits. A server
 that never attaches it (named, Knot, Unbound...) gets it from "rrlctl attach".
 
@@ -181,15 +182,20 @@ func (c *cli) parseFlags(fs *flag.FlagSet, args []string) error {
 var loadCommand = &command{
 	name:    "load",
 	args:    "[-user U] [-group G] [-KEYWORD VALUE ...]",
-	summary: "load the filter and pin it for a user or group (root)",
+	summary: "load the filter and pin it for a group (root)",
 	help: `Load the eBPF filter and pin its program and maps in DIR, a directory on
-bpffs (created if its parent is on bpffs), owned by -user and -group: they may
-attach it (rrl.AttachPinned), read its statistics and reconfigure it; nobody else
-may open it. Every rrl configuration keyword is a flag: -requests-per-second 50
--ipv4-request-levels "32:1 16:16" -exempt-clients 192.0.2.0/24 -report-only.
-Needs root (CAP_BPF and CAP_CHOWN).`,
+bpffs (created if its parent is on bpffs). The pins and the directory load creates
+are owned by root and by -group, and give access through the group alone: members
+may attach the filter (rrl.AttachPinned), read its statistics and reconfigure it,
+but never read its cookie secrets, write the maps only the kernel writes, or chmod,
+rename or unlink a pin; nobody else may open anything. -user U without -group
+means U's primary group; U never owns a pin (an owner could chmod it). Without
+either, only root has access. DIR and the directories above it on bpffs must be
+writable by root alone. Every rrl configuration keyword is a flag:
+-requests-per-second 50 -ipv4-request-levels "32:1 16:16"
+-exempt-clients 192.0.2.0/24 -report-only. Needs root (CAP_BPF and CAP_CHOWN).`,
 	run: func(c *cli, fs *flag.FlagSet, args []string) error {
-		userName := fs.String("user", "", "the `user` (name or uid) whose servers attach the filter")
+		userName := fs.String("user", "", "the `user` (name or uid) whose servers attach the filter: without -group, its primary group gets access")
 		groupName := fs.String("group", "", "the `group` (name or gid) whose members may attach the filter")
 		kw := keywordFlags(fs)
 		if err := c.parseFlags(fs, args); err != nil {
@@ -213,7 +219,16 @@ Needs root (CAP_BPF and CAP_CHOWN).`,
 		if err := rrl.LoadPinned(cfg, c.pin, uid, gid); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.stdout, "loaded the filter into %s (uid %d, gid %d; -1: root)\n", c.pin, uid, gid)
+		// Say what LoadPinned made of -user and -group: the group it gave access to.
+		fi, err := os.Stat(filepath.Join(c.pin, "rrl_filter"))
+		if err != nil {
+			return err
+		}
+		if gid, ok := fileGroup(fi); ok && fi.Mode()&0o070 != 0 {
+			fmt.Fprintf(c.stdout, "loaded the filter into %s (owner root, group %d: its members may attach and reconfigure it)\n", c.pin, gid)
+		} else {
+			fmt.Fprintf(c.stdout, "loaded the filter into %s (owner root; only root has access)\n", c.pin)
+		}
 		return nil
 	},
 }

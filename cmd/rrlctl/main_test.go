@@ -97,9 +97,10 @@ func TestLoadIDsOutOfRange(t *testing.T) {
 			rrl.Unpin(pin)
 		}
 	}
-	// The largest valid IDs are accepted and the pins belong to them.
+	// The largest valid IDs are accepted; the pins belong to root and the group.
 	pin := filepath.Join(root, "rrl")
-	if code, out, errOut := rrlctl("load", "-pin", pin, "-user", "4294967294", "-group", "4294967293"); code != exitOK {
+	code, out, errOut := rrlctl("load", "-pin", pin, "-user", "4294967294", "-group", "4294967293")
+	if code != exitOK || !strings.Contains(out, "group 4294967293") {
 		t.Fatalf("load with the largest IDs: exit %d: %s%s", code, out, errOut)
 	}
 	defer rrl.Unpin(pin)
@@ -107,8 +108,43 @@ func TestLoadIDsOutOfRange(t *testing.T) {
 	if err := unix.Stat(filepath.Join(pin, "rrl_settings"), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Uid != 4294967294 || st.Gid != 4294967293 {
-		t.Errorf("rrl_settings owned by %d:%d, want 4294967294:4294967293", st.Uid, st.Gid)
+	if st.Uid != 0 || st.Gid != 4294967293 {
+		t.Errorf("rrl_settings owned by %d:%d, want 0:4294967293", st.Uid, st.Gid)
+	}
+}
+
+// TestLoadGroup: load gives the pins to root and the group; -user alone means the
+// user's primary group, and a uid the user database does not know is refused; with
+// neither, only root has access. The output says which.
+func TestLoadGroup(t *testing.T) {
+	root := bpffs(t)
+	cases := []struct {
+		args []string
+		code int
+		want string
+		gid  uint32
+	}{
+		{[]string{"-user", "nobody", "-group", "77"}, exitOK, "group 77:", 77},
+		{[]string{"-user", "65534"}, exitOK, "group 65534:", 65534},
+		{[]string{"-user", "4242424"}, exitError, "give a gid", 0},
+		{nil, exitOK, "only root has access", 0},
+	}
+	for _, c := range cases {
+		pin := filepath.Join(root, "rrl")
+		code, out, errOut := rrlctl(append([]string{"load", "-pin", pin}, c.args...)...)
+		if code != c.code || !strings.Contains(out+errOut, c.want) {
+			t.Errorf("load %q: exit %d, want %d with %q:\n%s%s", c.args, code, c.code, c.want, out, errOut)
+		}
+		if code != exitOK {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(pin, "rrl_cookie_secrets"), &st); err != nil || st.Uid != 0 || st.Gid != c.gid {
+			t.Errorf("load %q: secrets pin %d:%d (%v), want 0:%d", c.args, st.Uid, st.Gid, err, c.gid)
+		}
+		if err := rrl.Unpin(pin); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -201,8 +237,8 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("load: exit %d: %s%s", code, out, errOut)
 	}
 	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join(pin, "rrl_filter"), &st); err != nil || st.Uid != 65534 || st.Gid != 65534 {
-		t.Errorf("program pin: %+v, %v; want owned by 65534:65534", st, err)
+	if err := syscall.Stat(filepath.Join(pin, "rrl_filter"), &st); err != nil || st.Uid != 0 || st.Gid != 65534 {
+		t.Errorf("program pin: %+v, %v; want owned by root and group 65534", st, err)
 	}
 	if code, _, errOut := rrlctl("load", "-pin", pin); code != exitError || !strings.Contains(errOut, "already pinned") {
 		t.Errorf("second load: exit %d: %s", code, errOut)
