@@ -3,11 +3,9 @@
 package rrl
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"syscall"
-	"time"
 )
 
 // Socket filters are a Linux feature. Elsewhere the package builds, so that programs
@@ -70,7 +68,5 @@ func (f *Filter) UseCookies(c *Cookies) error { return errNotLinux }
 // AttachLocal returns an error matching ErrNotSupported: socket filters need Linux.
 func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) { return nil, errNotLinux }
 
-// WatchLimited returns an error matching ErrNotSupported.
-func (f *Filter) WatchLimited(ctx context.Context, interval time.Duration, perSecond int, fn func(LimitEvent)) error {
-	return errNotLinux
-}
+// limitedLook returns an error matching ErrNotSupported: WatchLimited does too.
+func (f *Filter) limitedLook() ([]LimitedGroup, bool, error) { return nil, false, errNotLinux }

@@ -64,23 +64,55 @@ func (f *Filter) UseCookies(c *Cookies) error {
 		}
 		return fmt.Errorf("rrl: use cookies: %w: %s is not writable for uid %d", ErrNotPermitted, path, os.Geteuid())
 	}
-	f.stopCookies()
-	if c == nil {
-		if err := writeCookieSecrets(f.objs.CookieSecrets, nil); err != nil {
-			return fmt.Errorf("rrl: clear cookie secrets: %w", err)
+	var kc *kernelCookies
+	if c != nil {
+		// The clock watch first: failing, it has changed nothing.
+		kc = &kernelCookies{c: c, secrets: f.objs.CookieSecrets}
+		if err := kc.openClock(); err != nil {
+			return err
 		}
-		return nil
 	}
-	kc := &kernelCookies{c: c, secrets: f.objs.CookieSecrets}
-	if err := writeCookieSecrets(kc.secrets, c.keys.Load()); err != nil {
-		return fmt.Errorf("rrl: write cookie secrets: %w", err)
-	}
-	c.subscribe(kc)
-	if err := kc.watchClock(); err != nil {
-		c.unsubscribe(kc)
+	if err := f.switchCookies(kc); err != nil {
+		if kc != nil {
+			kc.clock.Close()
+		}
 		return err
 	}
-	f.cookies = kc
+	return nil
+}
+
+// switchCookies writes kc's keys (none when kc is nil) and then makes kc the filter's
+// sink in place of the old one, all or nothing: on error the old sink, if any, still
+// follows its Cookies. The old sink is held still meanwhile, so that a change of its
+// keys cannot overwrite the new secrets. f.mu is held.
+func (f *Filter) switchCookies(kc *kernelCookies) error {
+	old := f.cookies
+	var keys *cookieKeys
+	if kc != nil {
+		keys = kc.c.keys.Load()
+	}
+	if old != nil {
+		old.mu.Lock()
+	}
+	err := writeCookieSecrets(f.objs.CookieSecrets, keys)
+	if old != nil {
+		old.closed = err == nil
+		old.mu.Unlock()
+	}
+	switch {
+	case err != nil && kc == nil:
+		return fmt.Errorf("rrl: clear cookie secrets: %w", err)
+	case err != nil:
+		return fmt.Errorf("rrl: write cookie secrets: %w", err)
+	}
+	f.stopCookies()
+	if kc != nil {
+		// subscribe writes the keys again: a change since the write above reaches
+		// the filter.
+		kc.c.subscribe(kc)
+		kc.watchClock()
+		f.cookies = kc
+	}
 	return nil
 }
 
@@ -89,7 +121,8 @@ func (f *Filter) UseCookies(c *Cookies) error {
 type kernelCookies struct {
 	c       *Cookies
 	secrets *ebpf.Map
-	clock   *os.File // the timerfd that wakes on clock steps
+	clock   *os.File      // the timerfd that wakes on clock steps
+	ended   chan struct{} // closed when the goroutine watching clock has returned
 
 	mu     sync.Mutex
 	closed bool
@@ -115,7 +148,8 @@ func (kc *kernelCookies) rewrite() {
 	kc.setCookieKeys(kc.c.keys.Load())
 }
 
-// stopCookies detaches the filter from its Cookies; f.mu is held.
+// stopCookies detaches the filter from its Cookies and returns once the clock watch
+// has ended; f.mu is held.
 func (f *Filter) stopCookies() {
 	kc := f.cookies
 	if kc == nil {
@@ -126,14 +160,18 @@ func (f *Filter) stopCookies() {
 	kc.mu.Lock()
 	kc.closed = true
 	kc.mu.Unlock()
-	if kc.clock != nil {
-		kc.clock.Close()
-	}
+	// Close wakes the goroutine's read; the goroutine takes no lock f.mu's holder
+	// may hold (Cookies' and kc's only), so waiting for it cannot deadlock.
+	kc.clock.Close()
+	<-kc.ended
 }
 
-// watchClock starts the goroutine that rewrites the wall-clock offset whenever the
-// system clock is stepped, and every wallResync.
-func (kc *kernelCookies) watchClock() error {
+// testHookClockWoke, when set before UseCookies, is called by the clock watch after
+// each wake-up, before it rewrites and re-arms: tests stop it there.
+var testHookClockWoke func()
+
+// openClock creates and arms the timerfd that wakes the clock watch.
+func (kc *kernelCookies) openClock() error {
 	fd, err := unix.TimerfdCreate(unix.CLOCK_REALTIME, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("rrl: clock watch: %w", err)
@@ -143,22 +181,40 @@ func (kc *kernelCookies) watchClock() error {
 		return err
 	}
 	kc.clock = os.NewFile(uintptr(fd), "rrl-clock-watch")
+	return nil
+}
+
+// watchClock starts the goroutine that rewrites the wall-clock offset whenever the
+// system clock is stepped, and every wallResync, until stopCookies closes the clock.
+// The goroutine reaches the timerfd only through kc.clock, which holds the
+// descriptor open while it is used and refuses once closed: the bare number could
+// by then name another file.
+func (kc *kernelCookies) watchClock() {
+	kc.ended = make(chan struct{})
+	woke := testHookClockWoke
 	go func() {
+		defer close(kc.ended)
+		rc, err := kc.clock.SyscallConn()
+		if err != nil {
+			return
+		}
 		var buf [8]byte
 		for {
 			_, err := kc.clock.Read(buf[:])
-			switch {
-			case err == nil, errors.Is(err, unix.ECANCELED):
-				// The hour is up, or the clock was set: the offset may have moved.
-				kc.rewrite()
-				if armClockWatch(fd) == nil {
-					continue
-				}
+			if err != nil && !errors.Is(err, unix.ECANCELED) {
+				return // closed by stopCookies
 			}
-			return // closed by stopCookies
+			if woke != nil {
+				woke()
+			}
+			// The hour is up, or the clock was set: the offset may have moved.
+			kc.rewrite()
+			var armErr error
+			if err := rc.Control(func(fd uintptr) { armErr = armClockWatch(int(fd)) }); err != nil || armErr != nil {
+				return
+			}
 		}
 	}()
-	return nil
 }
 
 // armClockWatch arms the timerfd to expire wallResync from now and to be cancelled

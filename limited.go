@@ -42,16 +42,24 @@ const (
 // the least recently recorded leaving first. In report-only mode it lists the groups
 // the filter would limit. It works for pinned filters with read access to the pins.
 func (f *Filter) LimitedGroups() ([]LimitedGroup, error) {
+	groups, _, err := f.limitedLook()
+	return groups, err
+}
+
+// limitedLook is LimitedGroups and whether the filter is in report-only mode, read
+// together.
+func (f *Filter) limitedLook() (groups []LimitedGroup, reportOnly bool, err error) {
 	if f == nil {
-		return nil, ErrClosed
+		return nil, false, ErrClosed
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, now, err := f.readSettings()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return f.limitedGroupsAt(s, now, time.Now())
+	groups, err = f.limitedGroupsAt(s, now, time.Now())
+	return groups, s.ReportOnly != 0, err
 }
 
 // limitedGroupsAt is LimitedGroups at kernel clock now, which is wall time wall. f.mu

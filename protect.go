@@ -1,7 +1,6 @@
 package rrl
 
 import (
-	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -29,13 +28,12 @@ type Protection struct {
 	handler *Handler
 	status  Status
 	opts    protectOptions
+	watch   *kernelWatch // the eBPF filter's limiting events; nil without that filter
 
-	mu         sync.Mutex
-	tcp        []*TCPLimiter
-	udp        []*net.UDPConn
-	done       bool
-	stopWatch  context.CancelFunc // ends the kernel filter's events, if watched
-	watchEnded chan struct{}
+	mu   sync.Mutex
+	tcp  []*TCPLimiter
+	udp  []*net.UDPConn
+	done bool
 }
 
 // RequestLimiting says where requests-per-second and the other request limits are
@@ -71,6 +69,9 @@ type Status struct {
 	// KernelCookies: the eBPF filter verifies the Handler's server cookies
 	// (Filter.UseCookies), so proven queries escape the limits they share.
 	KernelCookies bool
+	// Events is why the eBPF filter's limiting events could not be read at the
+	// latest look (a second ago at most); nil when they could, or are off.
+	Events error
 }
 
 // String is one line for a server's log, e.g. "kernel filter: ebpf; request
@@ -83,6 +84,9 @@ func (s Status) String() string {
 	msg += "; request limits " + s.Requests.String()
 	if s.KernelCookies {
 		msg += "; server cookies verified in the kernel"
+	}
+	if s.Events != nil {
+		msg += "; kernel limiting events unreadable: " + s.Events.Error()
 	}
 	switch {
 	case s.Reason != nil && s.Filter == ModeEBPF:
@@ -187,16 +191,10 @@ func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOpt
 	}
 	p.handler = NewHandler(next, p.rrl, hopts...)
 	p.udp = append(p.udp, udp)
-	if p.status.Filter == ModeEBPF && p.cfg.eventFunc != nil {
+	if p.status.Filter == ModeEBPF {
 		// The kernel filter's limiting events go where the RRL's and the
-		// Limiter's do.
-		var ctx context.Context
-		ctx, p.stopWatch = context.WithCancel(context.Background())
-		p.watchEnded = make(chan struct{})
-		go func() {
-			defer close(p.watchEnded)
-			p.filter.WatchLimited(ctx, time.Second, p.cfg.eventsPerSec(), p.cfg.eventFunc)
-		}()
+		// Limiter's do, whichever Config Update last gave.
+		p.watch = newKernelWatch(p.filter, p.cfg.eventFunc, p.cfg.eventsPerSec())
 	}
 	return p, nil
 }
@@ -244,7 +242,11 @@ func (p *Protection) attach(udp *net.UDPConn) error {
 }
 
 // Status says which protection is in force and why.
-func (p *Protection) Status() Status { return p.status }
+func (p *Protection) Status() Status {
+	s := p.status
+	s.Events = p.watch.lastErr()
+	return s
+}
 
 // Handler returns the middleware to serve queries with: the server's handler behind
 // response rate limiting, cookies and, where the eBPF filter is not in force, the Go
@@ -368,19 +370,19 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 		return false, fmt.Errorf("rrl: update response rate limiting: %w", err)
 	}
 	p.cfg = cfg.clone()
+	p.watch.set(p.cfg.eventFunc, p.cfg.eventsPerSec())
 	return fresh, nil
 }
 
 // Close detaches the kernel filter (see Filter.Close) and frees it. Shut the
-// servers down first; the sockets are the servers' to close.
+// servers down first; the sockets are the servers' to close. No kernel limiting
+// event is reported once Close has returned (one already being reported may still
+// be running: the event function may call Close).
 func (p *Protection) Close() error {
+	// Not under p.mu: the event function may be calling the Protection.
+	p.watch.close()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done = true
-	if p.stopWatch != nil {
-		p.stopWatch()
-		<-p.watchEnded
-		p.stopWatch = nil
-	}
 	return p.filter.Close()
 }
