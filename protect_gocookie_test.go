@@ -25,8 +25,8 @@ type resolverResult struct {
 	flood             int // flood packets sent
 }
 
-// resolverInFlood floods dst from 200 addresses of 127.x.net.0/24 (ordinary bound
-// sockets, which any user may use on loopback) at 20 times goCookieRPS, and meanwhile
+// resolverInFlood floods dst from 200 addresses of 127.33.net.0/24 (socketFlood),
+// and meanwhile
 // has a resolver on 127.x.net.201 of that /24 ask questions, one every 15 ms. With
 // learn, the resolver first learns its server cookie from an answer before the
 // flood, as a BIND resolver does, and sends it with every query (60 of them);
@@ -59,7 +59,23 @@ func resolverInFlood(t *testing.T, dst netip.AddrPort, net24 byte, learn bool) r
 		t.Fatalf("first answer: no server cookie learned (%x)", cookie)
 	}
 
-	stop, flooded := make(chan struct{}), make(chan int)
+	stopFlood := socketFlood(t, dst, net24)
+	time.Sleep(500 * time.Millisecond) // the flood's /24 is over its limit by now
+	for i := range res.queries {
+		if ask(uint16(1 + i)) {
+			res.answered++
+		}
+		time.Sleep(15 * time.Millisecond)
+	}
+	res.flood = stopFlood()
+	return res
+}
+
+// socketFlood sends 20 times goCookieRPS queries per second to dst from 200
+// addresses of 127.33.net24.0/24 (ordinary bound sockets, which any user may use on
+// loopback) until stop, which returns how many it sent.
+func socketFlood(t *testing.T, dst netip.AddrPort, net24 byte) (stop func() int) {
+	done, flooded := make(chan struct{}), make(chan int)
 	go func() {
 		s := loadgen.NewSocketSender(dst, 256)
 		defer s.Close()
@@ -70,7 +86,7 @@ func resolverInFlood(t *testing.T, dst netip.AddrPort, net24 byte, learn bool) r
 		start := time.Now()
 		for {
 			select {
-			case <-stop:
+			case <-done:
 				flooded <- n
 				return
 			case <-tick.C:
@@ -79,22 +95,17 @@ func resolverInFlood(t *testing.T, dst netip.AddrPort, net24 byte, learn bool) r
 				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 33, net24, byte(1 + n%200)}), 0)
 				if err := s.Send(src, q); err != nil {
 					t.Errorf("flood: %v", err)
+					<-done
 					flooded <- n
 					return
 				}
 			}
 		}
 	}()
-	time.Sleep(500 * time.Millisecond) // the flood's /24 is over its limit by now
-	for i := range res.queries {
-		if ask(uint16(1 + i)) {
-			res.answered++
-		}
-		time.Sleep(15 * time.Millisecond)
+	return func() int {
+		close(done)
+		return <-flooded
 	}
-	close(stop)
-	res.flood = <-flooded
-	return res
 }
 
 // goCookieModes are the ways a Protection ends up with the request limits in Go,
