@@ -42,7 +42,11 @@ func TestBINDResolverGoLimits(t *testing.T) {
 	}
 	named := testutil.Named(t)
 	requirePrivilege(t, unix.CAP_SETUID, unix.CAP_SETGID)
-	srv, stats := startUnprivilegedServer(t)
+	srv, stop := startServeChild(t, "TestBINDResolverGoLimits", true, unprivilegedEnv+"=1", serveEnv+"=1")
+	stats := func() (string, string) {
+		lines := stop()
+		return childLine(lines, "status "), childLine(lines, "cookie-passed ")
+	}
 
 	const net24 = 70
 	resolver := startBINDResolver(t, named, srv, netip.AddrFrom4([4]byte{127, 33, net24, 201}))
@@ -76,7 +80,7 @@ func TestBINDResolverGoLimits(t *testing.T) {
 		t.Errorf("the unprivileged server runs %q, want the classic filter and the Go limits", status)
 	}
 	var passed, refused uint64
-	if _, err := fmt.Sscanf(counters, "cookie-passed %d refused %d", &passed, &refused); err != nil {
+	if _, err := fmt.Sscanf(counters, "%d refused %d", &passed, &refused); err != nil {
 		t.Fatalf("server counters %q: %v", counters, err)
 	}
 	if float64(answered) < 0.97*float64(queries) {
@@ -101,22 +105,28 @@ func serveUnprivileged(t *testing.T) {
 	fmt.Printf("status %s\ncookie-passed %d refused %d\n", p.Status(), passed, p.Handler().Stats().RequestsLimited)
 }
 
-// startUnprivilegedServer starts a copy of the test binary as uid 65534 without
-// capabilities serving as serveUnprivileged does, and returns its address and a
-// function that stops it and returns its status line and counters line.
-func startUnprivilegedServer(t *testing.T) (netip.AddrPort, func() (status, counters string)) {
+// startServeChild starts a copy of the test binary running only testName with env
+// added (as uid 65534 without capabilities when unprivileged), whose child side
+// prints "serving ADDR" and serves until its standard input closes. It returns the
+// address and a function that closes the child's input, waits for it and returns
+// the lines it printed after the address (failing t if it did not pass).
+func startServeChild(t *testing.T, testName string, unprivileged bool, env ...string) (netip.AddrPort, func() []string) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe = executableBy(t, exe, unprivilegedID)
-	cmd := exec.Command(exe, "-test.run=^TestBINDResolverGoLimits$", "-test.count=1", "-test.timeout=60s")
-	cmd.Env = append(os.Environ(), unprivilegedEnv+"=1", serveEnv+"=1", "GORACE=atexit_sleep_ms=0")
-	cmd.Dir = filepath.Dir(exe)
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: unprivilegedID, Gid: unprivilegedID, Groups: []uint32{}},
-		Pdeathsig:  syscall.SIGKILL,
+	cmd := exec.Command(exe, "-test.run=^"+testName+"$", "-test.count=1", "-test.timeout=60s")
+	cmd.Env = append(append(os.Environ(), "GORACE=atexit_sleep_ms=0"), env...)
+	if unprivileged {
+		cmd.Path = executableBy(t, exe, unprivilegedID)
+		cmd.Dir = filepath.Dir(cmd.Path)
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Credential: &syscall.Credential{Uid: unprivilegedID, Gid: unprivilegedID, Groups: []uint32{}},
+			Pdeathsig:  syscall.SIGKILL,
+		}
+	} else {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -140,18 +150,18 @@ func startUnprivilegedServer(t *testing.T) (netip.AddrPort, func() (status, coun
 		close(lines)
 	}()
 	stopped := false
+	var rest []string
 	stop := func() []string {
 		if stopped {
-			return nil
+			return rest
 		}
 		stopped = true
 		stdin.Close()
-		var rest []string
 		for l := range lines {
 			rest = append(rest, l)
 		}
 		if err := cmd.Wait(); err != nil {
-			t.Errorf("server child: %v\n%s\n%s", err, strings.Join(rest, "\n"), stderr.String())
+			t.Errorf("%s child: %v\n%s\n%s", testName, err, strings.Join(rest, "\n"), stderr.String())
 		}
 		return rest
 	}
@@ -159,31 +169,31 @@ func startUnprivilegedServer(t *testing.T) (netip.AddrPort, func() (status, coun
 		cmd.Process.Kill()
 		stop()
 	})
-	var addr netip.AddrPort
 	select {
 	case l, ok := <-lines:
 		a, found := strings.CutPrefix(l, "serving ")
 		if !ok || !found {
-			t.Fatalf("server child said %q; stderr:\n%s", l, stderr.String())
+			t.Fatalf("%s child said %q; stderr:\n%s", testName, l, stderr.String())
 		}
-		if addr, err = netip.ParseAddrPort(a); err != nil {
+		addr, err := netip.ParseAddrPort(a)
+		if err != nil {
 			t.Fatal(err)
 		}
+		return addr, stop
 	case <-time.After(20 * time.Second):
-		t.Fatalf("server child did not start; stderr:\n%s", stderr.String())
+		t.Fatalf("%s child did not start; stderr:\n%s", testName, stderr.String())
 	}
-	return addr, func() (string, string) {
-		var status, counters string
-		for _, l := range stop() {
-			if s, ok := strings.CutPrefix(l, "status "); ok {
-				status = s
-			}
-			if strings.HasPrefix(l, "cookie-passed ") {
-				counters = l
-			}
+	return netip.AddrPort{}, stop
+}
+
+// childLine returns the rest of the first of lines that starts with prefix, or "".
+func childLine(lines []string, prefix string) string {
+	for _, l := range lines {
+		if s, ok := strings.CutPrefix(l, prefix); ok {
+			return s
 		}
-		return status, counters
 	}
+	return ""
 }
 
 // startBINDResolver starts named as a resolver on a loopback port that forwards

@@ -200,6 +200,17 @@ func (c *Cookies) Rotate(newSecret CookieSecret) {
 	}
 }
 
+// setSecrets makes current the secret cookies are made with and, when previous is
+// not nil, accepts cookies made with it too; no other secret is accepted.
+func (c *Cookies) setSecrets(current CookieSecret, previous *CookieSecret) {
+	k := &cookieKeys{current: newSipKey(current)}
+	if previous != nil {
+		k.previous, k.hasPrev = newSipKey(*previous), true
+	}
+	c.keys.Store(k)
+	c.publish()
+}
+
 // Generate returns a full cookie (CookieLen bytes: the client cookie followed by a
 // new server cookie) for a client at address client, timestamped now. clientCookie
 // holds at least the 8-byte client cookie; anything after it (the rest of the

@@ -172,7 +172,9 @@ type protectOptions struct {
 
 // ProtectCookies makes the Protection issue and verify DNS server cookies with c, to
 // share one secret between servers; by default it makes a Cookies with the Config's
-// cookie-secret, or a random secret. A cookie-secret in the Config is applied to c.
+// cookie-secret, or a random secret. A cookie-secret in the Config (at the start or
+// in Update) is applied to c. Either way the secret counts as the site's: a pinned
+// filter gets it (see Protect).
 func ProtectCookies(c *Cookies) ProtectOption { return func(o *protectOptions) { o.cookies = c } }
 
 // ProtectWithoutCookies turns DNS server cookies off.
@@ -214,6 +216,13 @@ func ProtectTCPConnsPerClient(n int) ProtectOption {
 // UDP query, and to TCP queries through response rate limiting. Status says which.
 // Protect fails only when cfg is invalid or udp cannot be protected at all (not a UDP
 // socket).
+//
+// Server cookies are on unless ProtectWithoutCookies is given, made with cfg's
+// cookie-secret or ProtectCookies' Cookies, else a random secret, and the eBPF
+// filter verifies them too. A pinned filter (ProtectPinned) is shared by every
+// process attached to it and holds one set of secrets: it gets this process's only
+// when they are configured (every process of a site writes the same); with a random
+// one, Status reports KernelCookies false and says why in CookiesReason.
 func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOption) (*Protection, error) {
 	p, err := NewProtection(next, cfg, opts...)
 	if err != nil {
@@ -250,11 +259,14 @@ func NewProtection(next dns.Handler, cfg *Config, opts ...ProtectOption) (*Prote
 	hopts := append([]HandlerOption(nil), p.opts.handler...)
 	if !p.opts.noCookies {
 		p.cookies = p.opts.cookies
-		p.secretChosen = p.cookies != nil
+		p.secretChosen = p.cookies != nil || cfg.secrets != nil
 		if p.cookies == nil {
 			var secret CookieSecret
 			rand.Read(secret[:]) // never fails: crypto/rand panics instead
 			p.cookies = NewCookies(secret)
+		}
+		if cs := cfg.secrets; cs != nil {
+			p.cookies.setSecrets(cs.current, cs.previous)
 		}
 		hopts = append(hopts, WithCookies(p.cookies))
 	}
@@ -793,7 +805,8 @@ func (p *Protection) TCPLimiters() []*TCPLimiter {
 // still fail, is updated first (all or nothing); so on error nothing has changed.
 // fresh reports that the response accounts started afresh (see RRL.Update). A pinned
 // filter's limits are the pins': Update writes them for every process attached
-// (which needs write access to the pins).
+// (which needs write access to the pins). A cookie-secret in cfg replaces the
+// cookie secrets, in the Handler and the eBPF filter; without one they stay.
 func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 	if cfg == nil {
 		cfg = NewConfig()
@@ -827,6 +840,15 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 		return false, fmt.Errorf("rrl: update response rate limiting: %w", err)
 	}
 	p.cfg = cfg.clone()
+	if cs := cfg.secrets; cs != nil && p.cookies != nil {
+		// The secrets reach the eBPF filter through UseCookies' subscription;
+		// a pinned filter that had none of this process's gets them now.
+		p.cookies.setSecrets(cs.current, cs.previous)
+		p.secretChosen = true
+		if p.filter != nil && !p.kernelCookies {
+			p.useFilterCookies()
+		}
+	}
 	return fresh, nil
 }
 

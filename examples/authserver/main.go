@@ -62,6 +62,7 @@ type options struct {
 	bindFile    string
 	tcpConns    int
 	settings    [][2]string // keyword, value: the rrl flags given, in order
+	secretErr   error       // a refused -cookie-secret, reported after parsing
 	noFilter    bool
 	demo        bool
 	demoDur     time.Duration
@@ -99,14 +100,28 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil
 		}
 		usage := "rrl " + kw + " (see rrl.Config)"
-		if kw == "report-only" {
+		switch kw {
+		case "report-only":
 			fs.BoolFunc(kw, usage, set)
-		} else {
+		case "cookie-secret":
+			// The flag package would quote a refused value in its message: the
+			// secret is checked here and its error, which never quotes it, given
+			// after parsing.
+			fs.Func(kw, "rrl cookie-secret: the site's server cookie secret, 32 hex digits (shown by ps: prefer cookie-secret in -bind-rate-limit FILE)", func(v string) error {
+				if err := set(v); err != nil && o.secretErr == nil {
+					o.secretErr = err
+				}
+				return nil
+			})
+		default:
 			fs.Func(kw, usage, set)
 		}
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.secretErr != nil {
+		return nil, o.secretErr
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -431,5 +433,42 @@ func TestDemoUnprivileged(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("unprivileged run lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestCookieSecretFlag: -cookie-secret makes the server's cookies with the site's
+// secret; a bad one is a usage error that does not show it.
+func TestCookieSecretFlag(t *testing.T) {
+	const secret = "00112233445566778899aabbccddeeff"
+	o, err := parseFlags([]string{"-cookie-secret", secret}, io.Discard)
+	if err != nil || len(o.settings) != 1 || o.settings[0] != [2]string{"cookie-secret", secret} {
+		t.Fatalf("-cookie-secret: %+v, %v", o, err)
+	}
+	bad := "zz" + secret[2:]
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-cookie-secret", bad}, io.Discard, &stderr); code != 2 {
+		t.Errorf("bad secret: exit status %d, want 2 (%s)", code, stderr.String())
+	}
+	if strings.Contains(stderr.String(), bad[2:10]) || !strings.Contains(stderr.String(), "cookie-secret") {
+		t.Errorf("bad secret: stderr %q should name the flag and not show the value", stderr.String())
+	}
+
+	cfg := rrl.NewConfig()
+	if err := cfg.SetValue("cookie-secret", secret); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := startTest(t, cfg, "")
+	q := new(dns.Msg)
+	q.SetQuestion("www.example.test.", dns.TypeA)
+	rrl.SetCookie(q, []byte("client01"))
+	r, _, err := (&dns.Client{Timeout: 5 * time.Second}).Exchange(q, s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, ok := rrl.CookieFromMsg(r)
+	var key rrl.CookieSecret
+	hex.Decode(key[:], []byte(secret))
+	if got := rrl.NewCookies(key).Verify(full, netip.MustParseAddr("127.0.0.1"), time.Now()); !ok || got != rrl.CookieValid {
+		t.Errorf("the answer's cookie %x under the configured secret: %v", full, got)
 	}
 }
