@@ -13,7 +13,11 @@
 // FILE, over UDP and TCP. Every rrl configuration keyword is a flag of its own name
 // (-responses-per-second 5, -slip-ratio 2, -report-only, ...); only the flags given
 // are applied. -bind-rate-limit FILE applies a BIND rate-limit clause on top of them,
-// re-read on SIGHUP (see reload.go). -metrics serves Prometheus metrics at
+// re-read on SIGHUP (see reload.go). DNS server cookies are on (-cookies=false turns
+// them off): a resolver that echoes its server cookie is judged at its own address
+// by the request limits, wherever they run, and its answers are not rate limited;
+// -cookie-secret (or cookie-secret in the clause file) sets the site's secret.
+// -metrics serves Prometheus metrics at
 // http://ADDR/metrics (the server's own, the Go runtime's and the process's). SIGINT or
 // SIGTERM shuts the server down gracefully.
 //
@@ -64,6 +68,7 @@ type options struct {
 	settings    [][2]string // keyword, value: the rrl flags given, in order
 	secretErr   error       // a refused -cookie-secret, reported after parsing
 	noFilter    bool
+	noCookies   bool
 	demo        bool
 	demoDur     time.Duration
 	demoRate    float64
@@ -84,6 +89,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolFunc("kernel-filter", "attach the kernel filter to the UDP socket (default true; false: the Go request limiter only, e.g. under rrlctl attach)", func(v string) error {
 		on, err := strconv.ParseBool(v)
 		o.noFilter = !on
+		return err
+	})
+	fs.BoolFunc("cookies", "issue and verify DNS server cookies (default true): a resolver that proves its address is judged at it alone, in the kernel or in Go", func(v string) error {
+		on, err := strconv.ParseBool(v)
+		o.noCookies = !on
 		return err
 	})
 	fs.BoolVar(&o.demo, "demo", false, "serve on loopback and send itself legitimate traffic and a spoofed flood, then print a report")
@@ -174,7 +184,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
 	}
-	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo, noFilter: o.noFilter})
+	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo, noFilter: o.noFilter, noCookies: o.noCookies})
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
@@ -216,14 +226,15 @@ func openZone(o *options) (*zone, error) {
 
 // serverConfig is what startServer needs.
 type serverConfig struct {
-	listen   string
-	zone     *zone
-	cfg      *rrl.Config
-	tcpConns int
-	metrics  string    // "" for none
-	log      io.Writer // the start-up lines
-	observe  bool      // count what reaches clients, for the demo
-	noFilter bool      // no kernel filter: the Go request limiter only
+	listen    string
+	zone      *zone
+	cfg       *rrl.Config
+	tcpConns  int
+	metrics   string    // "" for none
+	log       io.Writer // the start-up lines
+	observe   bool      // count what reaches clients, for the demo
+	noFilter  bool      // no kernel filter: the Go request limiter only
+	noCookies bool      // no DNS server cookies
 }
 
 // server is a running authserver.
@@ -258,6 +269,9 @@ func startServer(c serverConfig) (*server, error) {
 	opts := []rrl.ProtectOption{rrl.ProtectTCPConnsPerClient(c.tcpConns)}
 	if c.noFilter {
 		opts = append(opts, rrl.ProtectWithoutFilter())
+	}
+	if c.noCookies {
+		opts = append(opts, rrl.ProtectWithoutCookies())
 	}
 	p, err := rrl.Protect(udp, zone, c.cfg, opts...)
 	if err != nil {
