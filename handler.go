@@ -20,9 +20,11 @@ import (
 //
 // For every query it:
 //
-//  1. with a Limiter (WithLimiter, for servers where the kernel filter is not
-//     attached), drops UDP queries the Limiter refuses before the inner handler sees
-//     them;
+//  1. as the Handler of a Protection, holds each UDP query that did not arrive on a
+//     socket where the eBPF filter is in force (nor through the reader of a
+//     Protection's server, which did the same) to the request limits in Go, and
+//     drops it when they refuse it, before the inner handler sees it; a query with
+//     a valid server cookie (WithCookies) is judged at its own address only;
 //  2. answers, without calling the inner handler and as an error response (steps 4
 //     and 5), a query it cannot serve: NOTIMP for an opcode other than QUERY and
 //     NOTIFY, FORMERR for a QUERY without exactly one question or with more than
@@ -34,9 +36,11 @@ import (
 //     message it writes;
 //  5. sends that response unlimited when the query came over UDP with a valid server
 //     cookie (the client has shown it receives packets at its address, RFC 7873;
-//     BIND 9 skips rate limiting for them too); otherwise debits the response's tuple (ResponseTupleFromMsg) with
-//     RRL.DebitAddrPort, which for TCP applies requests-per-second only (or, for UDP
-//     behind a request limiter, WithRequestsLimited, with RRL.DebitResponse);
+//     BIND 9 skips rate limiting for them too); otherwise debits the response's
+//     tuple (ResponseTupleFromMsg) with RRL.DebitAddrPort, which for TCP applies
+//     requests-per-second only (and, for UDP, requests-per-second too unless the
+//     Handler is a Protection's: its UDP queries were held to the request limits
+//     already, once);
 //  6. acts on the verdict: Send writes the response, Drop writes nothing (and, over
 //     TCP, closes the connection, so that a client refused by requests-per-second
 //     is not left to wait for the idle timeout while holding a connection), and Slip
@@ -74,11 +78,10 @@ import (
 // allocates nothing beyond what miekg/dns does but a 512-byte block of writer leases
 // once every 32 queries; Stats returns its counters.
 type Handler struct {
-	next     dns.Handler
-	rrl      *RRL
-	cookies  *Cookies
-	limiter  *Limiter
-	upstream bool // UDP queries passed a request limiter: debit with DebitResponse
+	next    dns.Handler
+	rrl     *RRL
+	cookies *Cookies
+	limiter *Limiter // the Go request limiter of withLimiter, for tests
 	// core is the Protection whose Handler this is: it says, per query, whether the
 	// Go request limits still apply; UDP queries are then always held to them once.
 	core     *Protection
@@ -104,21 +107,10 @@ type HandlerOption func(*Handler)
 // malformed COOKIE options are answered with FORMERR.
 func WithCookies(c *Cookies) HandlerOption { return func(h *Handler) { h.cookies = c } }
 
-// WithLimiter makes the Handler drop UDP queries that l refuses before the inner
-// handler sees them. Use it when the kernel filter is not attached (Attach returned
-// ModeClassic), with a Limiter made from the same Config as the RRL. With the kernel
-// filter attached the kernel does this work: do not add a Limiter then. LimitReader
-// does the same job earlier and more cheaply, in the server's reader.
-func WithLimiter(l *Limiter) HandlerOption {
-	return func(h *Handler) { h.limiter, h.upstream = l, true }
-}
-
-// WithRequestsLimited tells the Handler that UDP queries reach it through a request
-// limiter enforcing requests-per-second: the kernel Filter attached in ModeEBPF, or
-// LimitReader in the server's reader. The Handler then debits UDP responses with
-// RRL.DebitResponse, so that requests-per-second is not applied a second time to
-// traffic the limiter already trimmed to it. WithLimiter implies it.
-func WithRequestsLimited() HandlerOption { return func(h *Handler) { h.upstream = true } }
+// withLimiter makes the Handler hold UDP queries to l's request limits before the
+// inner handler sees them, as a Protection's Handler does where the eBPF filter is
+// not in force; for tests of the Handler alone.
+func withLimiter(l *Limiter) HandlerOption { return func(h *Handler) { h.limiter = l } }
 
 // WithWildcardFunc gives the Handler a function that returns the wildcard origin of
 // a response the inner handler wrote (see ResponseTupleFromMsg), or "" when the
@@ -638,12 +630,12 @@ func (rw *responseWriter) write(b []byte) (int, error) {
 	return rw.ResponseWriter.Write(b)
 }
 
-// debit debits t for a response to src, with DebitResponse when UDP queries
-// passed a request limiter already (in a Protection, always).
+// debit debits t for a response to src, without requests-per-second when UDP
+// queries passed a request limiter already (in a Protection, always).
 func (h *Handler) debit(src netip.AddrPort, udp bool, t *ResponseTuple) Action {
 	var act Action
-	if udp && (h.upstream || h.core != nil) {
-		act, _, _ = h.rrl.DebitResponse(src, t)
+	if udp && (h.limiter != nil || h.core != nil) {
+		act, _, _ = h.rrl.debitResponse(src, t)
 	} else {
 		act, _, _ = h.rrl.DebitAddrPort(src, udp, t)
 	}
@@ -794,20 +786,10 @@ func hexString(b []byte) string {
 	return s.String()
 }
 
-// LimitReader returns a miekg/dns Server.DecorateReader that holds UDP queries to
-// the limits of l as soon as they are read: a query l refuses is discarded before
-// the server unpacks it or starts a goroutine for it, which costs less CPU per
-// dropped packet than a Handler with WithLimiter (BenchmarkLimiterDrop). Use one or
-// the other, and only where the kernel filter is not attached (Attach returned
-// ModeClassic). TCP queries pass untouched; l.Stats counts what was refused.
-//
-// The datagram after a refused one is read into the refused one's buffer (the
-// server takes buffers from a pool of its own, which a reader cannot give them back
-// to), so a flood of refused packets allocates no buffers. That needs the server's
-// own reader underneath: set the result as Server.DecorateReader, or apply it to
-// the reader the server passes before any other decorator. Over another reader it
-// calls that reader for every datagram, and each refused one costs its buffer.
-func LimitReader(l *Limiter) dns.DecorateReader {
+// decorateLimit returns a miekg/dns Server.DecorateReader that holds UDP queries to
+// the limits of l as soon as they are read, as the servers of a Protection do where
+// the eBPF filter is not in force; for tests of the reader alone.
+func decorateLimit(l *Limiter) dns.DecorateReader {
 	return func(r dns.Reader) dns.Reader {
 		return newLimitReader(r, nil, func(_ []byte, src netip.AddrPort) bool { return l.Allow(src) })
 	}
@@ -815,13 +797,21 @@ func LimitReader(l *Limiter) dns.DecorateReader {
 
 // newLimitReader returns r holding every UDP datagram to allow, which gets the
 // datagram and its source; refusals count in h's RequestsLimited (h may be nil).
+//
+// A query refused is discarded before the server unpacks it or starts a goroutine
+// for it, which costs less CPU per dropped packet than refusing it in the Handler
+// (BenchmarkLimiterDrop). The datagram after a refused one is read into the refused
+// one's buffer (the server takes buffers from a pool of its own, which a reader
+// cannot give them back to), so a flood of refused packets allocates no buffers.
+// That needs the server's own reader underneath; over another reader it calls that
+// reader for every datagram, and each refused one costs its buffer.
 func newLimitReader(r dns.Reader, h *Handler, allow func(b []byte, src netip.AddrPort) bool) *limitReader {
 	t := reflect.TypeOf(r)
 	own := t != nil && t.PkgPath() == "github.com/miekg/dns" && t.Name() == "defaultReader"
 	return &limitReader{Reader: r, allow: allow, h: h, own: own}
 }
 
-// limitReader is the dns.Reader of LimitReader and of a Protection's servers.
+// limitReader is the dns.Reader of a Protection's servers.
 type limitReader struct {
 	dns.Reader
 	allow func(b []byte, src netip.AddrPort) bool
@@ -865,7 +855,7 @@ func (r *limitReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte,
 func (r *limitReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration) ([]byte, net.Addr, error) {
 	pr, ok := r.Reader.(dns.PacketConnReader)
 	if !ok {
-		return nil, nil, errors.New("rrl: LimitReader: the decorated reader cannot read a net.PacketConn")
+		return nil, nil, errors.New("rrl: request limits in the reader: the decorated reader cannot read a net.PacketConn")
 	}
 	b, a, err := pr.ReadPacketConn(conn, timeout)
 	for err == nil {

@@ -194,8 +194,8 @@ func ProtectWithoutFilter() ProtectOption { return func(o *protectOptions) { o.n
 // errFilterOff is Status.Reason under ProtectWithoutFilter.
 var errFilterOff = errors.New("rrl: kernel filter turned off (ProtectWithoutFilter)")
 
-// ProtectHandler passes options to the Handler (WithWildcardFunc, WithClock).
-// WithLimiter and WithRequestsLimited are set by Protect and must not be given.
+// ProtectHandler passes options to the Handler (WithWildcardFunc, WithClock;
+// WithCookies is ProtectCookies' job).
 func ProtectHandler(opts ...HandlerOption) ProtectOption {
 	return func(o *protectOptions) { o.handler = append(o.handler, opts...) }
 }
