@@ -114,9 +114,11 @@ type Status struct {
 	// KernelCookies: the eBPF filter verifies the Handler's server cookies
 	// (Filter.UseCookies), so proven queries escape the limits they share there.
 	KernelCookies bool
-	// CookiesReason says why the eBPF filter does not verify the Handler's cookies
-	// although it is in force, e.g. a pinned filter other processes share with no
-	// cookie secret configured; nil otherwise.
+	// CookiesReason says why a query with a valid server cookie is not judged at
+	// its own address alone everywhere although cookies are on: the eBPF filter in
+	// force does not verify them (a pinned filter other processes share, with no
+	// cookie secret configured), or the finest request level of a family is coarser
+	// than an address; nil otherwise.
 	CookiesReason error
 }
 
@@ -153,7 +155,7 @@ func (s Status) String() string {
 		msg += "; eBPF filter not in force: " + s.Reason.Error()
 	}
 	if s.CookiesReason != nil {
-		msg += "; proven clients judged with their networks in the kernel: " + s.CookiesReason.Error()
+		msg += "; proven clients judged with their networks: " + s.CookiesReason.Error()
 	}
 	return msg
 }
@@ -378,7 +380,7 @@ func (p *Protection) useFilterCookies() error {
 	if err := f.UseCookies(p.cookies); err != nil {
 		// A pinned filter whose secrets this process may not write judges
 		// every query as without a cookie, as before.
-		p.cookieReason = err
+		p.cookieReason = fmt.Errorf("in the kernel: %w", err)
 		return err
 	}
 	p.kernelCookies = true
@@ -387,7 +389,7 @@ func (p *Protection) useFilterCookies() error {
 
 // errPinnedSecret is Status.CookiesReason for a pinned filter without a configured
 // cookie secret.
-var errPinnedSecret = errors.New("rrl: the pinned filter may be shared with other processes, and no cookie-secret is configured for all of them: this process's random secret is not written into it")
+var errPinnedSecret = errors.New("in the kernel: the pinned filter may be shared with other processes, and no cookie-secret is configured for all of them: this process's random secret is not written into it")
 
 // watch starts reporting the eBPF filter's limiting events, when the Config has an
 // event function; p.mu is held.
@@ -679,6 +681,13 @@ func (p *Protection) Status() Status {
 		}
 	}
 	st.RequestsInKernel = st.Sockets > 0 && st.KernelSockets == st.Sockets
+	if p.cookies != nil {
+		for _, v4 := range []bool{true, false} {
+			if l := p.cfg.requestLevels(v4); len(l) > 0 && l[0].PrefixLen != map[bool]int{true: 32, false: 128}[v4] {
+				st.CookiesReason = errors.Join(st.CookiesReason, fmt.Errorf("the finest %s request level is /%d, not a whole address", map[bool]string{true: "IPv4", false: "IPv6"}[v4], l[0].PrefixLen))
+			}
+		}
+	}
 	return st
 }
 

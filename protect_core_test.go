@@ -304,3 +304,38 @@ func TestAddUDPToNewProtection(t *testing.T) {
 		t.Errorf("%d of 400 answered, want the kernel limit", n)
 	}
 }
+
+// TestStatusProvenClients: Status says where proven clients are judged at their own
+// address, and why not when the finest request level is coarser than an address or
+// cookies are off.
+func TestStatusProvenClients(t *testing.T) {
+	coarse := rpsConfig(t, "50")
+	if err := coarse.SetValue("ipv4-request-levels", "16:16"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  *Config
+		opts []ProtectOption
+		want string
+	}{
+		{"defaults", rpsConfig(t, "50"), nil, "server cookies verified in Go before the request limits"},
+		{"coarse IPv4 levels", coarse, nil, "proven clients judged with their networks: the finest IPv4 request level is /24, not a whole address"},
+		{"cookies off", rpsConfig(t, "50"), []ProtectOption{ProtectWithoutCookies()}, "server cookies off"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := NewProtection(answerA, tc.cfg, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			st := p.Status()
+			if !strings.Contains(st.String(), tc.want) {
+				t.Errorf("status %q, want %q in it", st, tc.want)
+			}
+			if (st.CookiesReason != nil) != (tc.name == "coarse IPv4 levels") {
+				t.Errorf("CookiesReason %v", st.CookiesReason)
+			}
+		})
+	}
+}
