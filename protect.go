@@ -511,6 +511,14 @@ func (p *Protection) takeOver(pred *Protection, f *Filter) error {
 	p.filter = f
 	if err := p.useFilterCookies(); err != nil && f.PinDir() == "" {
 		p.filter, p.kernelCookies, p.cookieReason = nil, false, nil
+		// The filter stays the predecessor's, on the sockets a new one does not
+		// replace: give it back its Config and secrets.
+		pred.mu.Lock()
+		if pred.filter == f {
+			f.Update(pred.cfg)
+			pred.useFilterCookies()
+		}
+		pred.mu.Unlock()
 		return fmt.Errorf("cookies: %w", err)
 	}
 	holders.m[f] = p
