@@ -35,6 +35,11 @@ import (
 // can configure the request limiter too; BIND itself would refuse them. Comments are
 // written as in named.conf: //, # and /* */.
 //
+// BIND's cookie-secret option (of its options block) is accepted in the clause as an
+// extension, as BIND writes it: cookie-secret "HEX"; given once, or twice to accept
+// a second secret besides the first (the first makes the cookies). No error message
+// quotes a secret.
+//
 // Anything else is an error naming its line: an unknown option, a value out of range,
 // an address match list element that is not an address or prefix (an ACL name such as
 // localhost or any, a negation, a key, a nested list: this package has no ACLs), a
@@ -192,10 +197,11 @@ func bindTokens(text string) ([]bindToken, error) {
 }
 
 type bindParser struct {
-	toks []bindToken
-	pos  int
-	cfg  *Config
-	seen map[string]bool
+	toks    []bindToken
+	pos     int
+	cfg     *Config
+	seen    map[string]bool
+	secrets []string // the cookie-secret statements' secrets so far
 }
 
 func (p *bindParser) errorf(line int, format string, args ...any) error {
@@ -273,6 +279,12 @@ func (p *bindParser) statements(braced bool) error {
 			return p.errorf(t.line, "want an option name, found %q", t.text)
 		}
 		kw := t.text
+		if kw == "cookie-secret" {
+			if err := p.cookieSecret(t); err != nil {
+				return err
+			}
+			continue
+		}
 		if p.seen[kw] {
 			return p.errorf(t.line, "%s given twice", kw)
 		}
@@ -331,6 +343,31 @@ func (p *bindParser) option(kw bindToken) error {
 		}
 	}
 	return p.errorf(kw.line, "unknown or unsupported option %q", kw.text)
+}
+
+// cookieSecret parses one cookie-secret statement: a secret and its semicolon,
+// without ever quoting the secret in an error.
+func (p *bindParser) cookieSecret(kw bindToken) error {
+	if len(p.secrets) == 2 {
+		return p.errorf(kw.line, "cookie-secret given more than twice")
+	}
+	v, err := p.next("a secret")
+	if err != nil {
+		return err
+	}
+	if isMark(v) {
+		return p.errorf(v.line, "cookie-secret needs a secret")
+	}
+	if t, err := p.next("';'"); err != nil {
+		return err
+	} else if t.text != ";" || t.quoted {
+		return p.errorf(t.line, "cookie-secret takes one secret per statement, then ';'")
+	}
+	p.secrets = append(p.secrets, v.text)
+	if err := p.cfg.SetValue("cookie-secret", strings.Join(p.secrets, " ")); err != nil {
+		return &BINDConfigError{Line: v.line, Msg: "cookie-secret: " + reason(err), Err: err}
+	}
+	return nil
 }
 
 // reason is the reason of a ConfigError, or err's text.

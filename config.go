@@ -46,6 +46,16 @@ import (
 //	total-requests-per-second RATE all queries together (capacity); default 0 (off)
 //	reflection-ports LIST          source ports whose packets are dropped unseen
 //
+// DNS server cookies (a Protection's Handler and kernel filter), as BIND's option:
+//
+//	cookie-secret SECRET [ACCEPTED] the 128-bit SipHash-2-4 secret cookies are made with,
+//	                               32 hex digits, shared by every server of a site (RFC
+//	                               9018); a second secret is accepted too (rotation: see
+//	                               Cookies); "" forgets them (a random secret then)
+//
+// The cookie secret never appears in an error, in String or in Values (which show it
+// as [redacted]), nor in a pinned filter's stored configuration.
+//
 // The client-network level (ipv4-prefix-length, ipv6-prefix-length) is always a level
 // at factor 1 unless the list names that prefix length with another factor. At most
 // five levels per family besides /0. A factor of 0 turns a level off.
@@ -80,6 +90,10 @@ type Config struct {
 	sourcePortFactor float64
 	totalRequests    float64
 	reflectionPorts  []uint16
+
+	// secrets is behind a pointer so that printing a Config's fields with fmt
+	// shows an address, not the secret; nil when none is configured.
+	secrets *configSecrets
 
 	nowFunc         func() time.Time
 	eventFunc       func(LimitEvent)
@@ -136,8 +150,50 @@ func ConfigKeywords() []string {
 		"slip-ratio", "max-table-size",
 		"report-only", "exempt-clients", "all-per-second", "qps-scale",
 		"ipv4-request-levels", "ipv6-request-levels", "source-port-factor",
-		"total-requests-per-second", "reflection-ports",
+		"total-requests-per-second", "reflection-ports", "cookie-secret",
 	}
+}
+
+// configSecrets are the cookie secrets of a Config: the current one and, if any,
+// one more accepted.
+type configSecrets struct {
+	current  CookieSecret
+	previous *CookieSecret
+}
+
+// redacted is shown instead of a cookie secret.
+const redacted = "[redacted]"
+
+// parseSecrets reads one or two 128-bit secrets of 32 hex digits; an empty list is
+// none. Its errors never quote the value.
+func parseSecrets(s string) (*configSecrets, error) {
+	fields := splitList(s)
+	if len(fields) == 0 {
+		return nil, nil
+	}
+	if len(fields) > 2 {
+		return nil, fmt.Errorf("%d secrets, want one, or two (the second accepted too)", len(fields))
+	}
+	var out [2]CookieSecret
+	for i, f := range fields {
+		f = strings.TrimPrefix(strings.TrimPrefix(f, "0x"), "0X")
+		if len(f) != 2*len(CookieSecret{}) {
+			return nil, fmt.Errorf("secret %d: want 128 bits as 32 hex digits, found %d characters", i+1, len(f))
+		}
+		for j := 0; j < len(f); j += 2 {
+			hi, ok1 := unhex(f[j])
+			lo, ok2 := unhex(f[j+1])
+			if !ok1 || !ok2 {
+				return nil, fmt.Errorf("secret %d: not hexadecimal", i+1)
+			}
+			out[i][j/2] = hi<<4 | lo
+		}
+	}
+	cs := &configSecrets{current: out[0]}
+	if len(fields) == 2 {
+		cs.previous = &out[1]
+	}
+	return cs, nil
 }
 
 // ConfigError is the error SetValue returns for a bad keyword or value.
@@ -272,6 +328,12 @@ func (c *Config) SetValue(keyword, value string) error {
 			return bad(fmt.Sprintf("%d ports, at most %d", len(ports), maxReflectionPorts))
 		}
 		c.reflectionPorts = ports
+	case "cookie-secret":
+		cs, err := parseSecrets(arg)
+		if err != nil {
+			return &ConfigError{keyword, redacted, err.Error()}
+		}
+		c.secrets = cs
 	default:
 		return &ConfigError{keyword, value, "unknown keyword"}
 	}
@@ -316,6 +378,14 @@ func (c *Config) clone() *Config {
 	d.ipv4Levels = slices.Clone(c.ipv4Levels)
 	d.ipv6Levels = slices.Clone(c.ipv6Levels)
 	d.reflectionPorts = slices.Clone(c.reflectionPorts)
+	if c.secrets != nil {
+		cs := *c.secrets
+		if cs.previous != nil {
+			prev := *cs.previous
+			cs.previous = &prev
+		}
+		d.secrets = &cs
+	}
 	return &d
 }
 
@@ -490,12 +560,19 @@ func parsePorts(s string) ([]uint16, error) {
 }
 
 // Values returns c as keyword and value pairs: SetValue applied to NewConfig() with
-// them, in order, gives a Config equal to c. Tools print it, and the pinned filter
-// stores it as text.
-func (c *Config) Values() [][2]string { return configPairs(c) }
+// them, in order, gives a Config equal to c, but for its cookie secret, which is
+// shown as cookie-secret [redacted] when configured. Tools print it.
+func (c *Config) Values() [][2]string {
+	out := configPairs(c)
+	if c.secrets != nil {
+		out = append(out, [2]string{"cookie-secret", redacted})
+	}
+	return out
+}
 
 // configPairs returns keyword, value pairs that, applied with SetValue to NewConfig()
-// in order, give a Config equal to c (but for its clock). Prefix lengths come before
+// in order, give a Config equal to c (but for its clock and its cookie secret, which
+// is left out: the pinned filter stores these pairs as text). Prefix lengths come before
 // the request levels, which are checked against them: with the default levels
 // (two), a prefix length can always be set.
 func configPairs(c *Config) [][2]string {

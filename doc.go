@@ -15,7 +15,13 @@
 // exactly once; [Protection.Status] says which protection is in force and why. The
 // eBPF filter also verifies the Handler's DNS server cookies ([Filter.UseCookies]): a
 // query with a valid one has proved its address and is limited only at that
-// address's own limit, so real resolvers inside a flooded network keep their answers.
+// address's own limit, so real resolvers inside a flooded network keep their answers;
+// where the request limits run in Go, the Go limiter checks the cookie first and
+// judges such a query the same way. A host whose sockets come later (a framework
+// that opens them itself) uses [NewProtection] and [Protection.AttachLocal]. A server
+// wired by hand takes Protect: it owns the rule that every request limit applies
+// once and proven clients are judged at their address, which the parts alone do not
+// know.
 //
 // The kernel filter needs Linux. The package builds on every platform: elsewhere
 // [Attach] and the other calls of the kernel filter return an error matching
@@ -56,10 +62,10 @@
 // 28 slips and 27 drops.
 //
 // Before the response accounts, requests-per-second limits each client network alone,
-// for every transport, without slipping ([IPRateLimit]). Where a request limiter in
-// front of the server already enforces it on UDP (the kernel [Filter], or a [Limiter]),
-// [RRL.DebitResponse] debits UDP responses without it, so that the limit is not
-// applied twice. Response accounts apply to
+// for every transport, without slipping ([IPRateLimit]). The Handler of a
+// [Protection], whose UDP queries passed the request limiter already (the kernel
+// [Filter], or a [Limiter] in Go), debits UDP responses without it, so that the limit
+// is not applied twice. Response accounts apply to
 // UDP only ([RTNotUDP] otherwise). all-per-second limits all UDP responses to a client
 // network, besides the response's own account, without slipping ([IPAllRateLimit]).
 // When the server's total query rate over the previous second exceeds qps-scale,

@@ -11,8 +11,8 @@ import (
 // Socket filters are a Linux feature. Elsewhere the package builds, so that programs
 // using RRL, Limiter and Handler run anywhere, and every call that would attach or
 // open the kernel filter returns an error for which errors.Is(err, ErrNotSupported)
-// holds. A server there can still limit requests in Go: a Limiter on every datagram
-// read (LimitReader, or Handler's WithLimiter).
+// holds. A server there still gets its request limits, in Go: Protect and
+// NewProtection run them in the reader of their servers or in the Handler.
 
 var errNotLinux = fmt.Errorf("rrl: socket filters need Linux: %w", ErrNotSupported)
 

@@ -20,9 +20,11 @@ import (
 //
 // For every query it:
 //
-//  1. with a Limiter (WithLimiter, for servers where the kernel filter is not
-//     attached), drops UDP queries the Limiter refuses before the inner handler sees
-//     them;
+//  1. as the Handler of a Protection, holds each UDP query that did not arrive on a
+//     socket where the eBPF filter is in force (nor through the reader of a
+//     Protection's server, which did the same) to the request limits in Go, and
+//     drops it when they refuse it, before the inner handler sees it; a query with
+//     a valid server cookie (WithCookies) is judged at its own address only;
 //  2. answers, without calling the inner handler and as an error response (steps 4
 //     and 5), a query it cannot serve: NOTIMP for an opcode other than QUERY and
 //     NOTIFY, FORMERR for a QUERY without exactly one question or with more than
@@ -34,9 +36,11 @@ import (
 //     message it writes;
 //  5. sends that response unlimited when the query came over UDP with a valid server
 //     cookie (the client has shown it receives packets at its address, RFC 7873;
-//     BIND 9 skips rate limiting for them too); otherwise debits the response's tuple (ResponseTupleFromMsg) with
-//     RRL.DebitAddrPort, which for TCP applies requests-per-second only (or, for UDP
-//     behind a request limiter, WithRequestsLimited, with RRL.DebitResponse);
+//     BIND 9 skips rate limiting for them too); otherwise debits the response's
+//     tuple (ResponseTupleFromMsg) with RRL.DebitAddrPort, which for TCP applies
+//     requests-per-second only (and, for UDP, requests-per-second too unless the
+//     Handler is a Protection's: its UDP queries were held to the request limits
+//     already, once);
 //  6. acts on the verdict: Send writes the response, Drop writes nothing (and, over
 //     TCP, closes the connection, so that a client refused by requests-per-second
 //     is not left to wait for the idle timeout while holding a connection), and Slip
@@ -74,11 +78,13 @@ import (
 // allocates nothing beyond what miekg/dns does but a 512-byte block of writer leases
 // once every 32 queries; Stats returns its counters.
 type Handler struct {
-	next     dns.Handler
-	rrl      *RRL
-	cookies  *Cookies
-	limiter  *Limiter
-	upstream bool // UDP queries passed a request limiter: debit with DebitResponse
+	next    dns.Handler
+	rrl     *RRL
+	cookies *Cookies
+	limiter *Limiter // the Go request limiter of withLimiter, for tests
+	// core is the Protection whose Handler this is: it says, per query, whether the
+	// Go request limits still apply; UDP queries are then always held to them once.
+	core     *Protection
 	now      func() time.Time
 	wildcard func(resp *dns.Msg) string
 	writers  sync.Pool
@@ -101,21 +107,10 @@ type HandlerOption func(*Handler)
 // malformed COOKIE options are answered with FORMERR.
 func WithCookies(c *Cookies) HandlerOption { return func(h *Handler) { h.cookies = c } }
 
-// WithLimiter makes the Handler drop UDP queries that l refuses before the inner
-// handler sees them. Use it when the kernel filter is not attached (Attach returned
-// ModeClassic), with a Limiter made from the same Config as the RRL. With the kernel
-// filter attached the kernel does this work: do not add a Limiter then. LimitReader
-// does the same job earlier and more cheaply, in the server's reader.
-func WithLimiter(l *Limiter) HandlerOption {
-	return func(h *Handler) { h.limiter, h.upstream = l, true }
-}
-
-// WithRequestsLimited tells the Handler that UDP queries reach it through a request
-// limiter enforcing requests-per-second: the kernel Filter attached in ModeEBPF, or
-// LimitReader in the server's reader. The Handler then debits UDP responses with
-// RRL.DebitResponse, so that requests-per-second is not applied a second time to
-// traffic the limiter already trimmed to it. WithLimiter implies it.
-func WithRequestsLimited() HandlerOption { return func(h *Handler) { h.upstream = true } }
+// withLimiter makes the Handler hold UDP queries to l's request limits before the
+// inner handler sees them, as a Protection's Handler does where the eBPF filter is
+// not in force; for tests of the Handler alone.
+func withLimiter(l *Limiter) HandlerOption { return func(h *Handler) { h.limiter = l } }
 
 // WithWildcardFunc gives the Handler a function that returns the wildcard origin of
 // a response the inner handler wrote (see ResponseTupleFromMsg), or "" when the
@@ -205,18 +200,30 @@ func (h *Handler) Stats() HandlerStats {
 }
 
 // ServeDNS implements dns.Handler.
-func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) { h.serve(w, req, h.limiter) }
-
-// serve is ServeDNS with the request limiter to apply to UDP queries (nil: none,
-// because the server's reader applied it already).
-func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
+func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	src, udp := remoteAddrPort(w.RemoteAddr())
-	if udp && limiter != nil && !limiter.Allow(src) {
-		h.limited.Add(1)
-		return
+	var limiter *Limiter
+	if udp {
+		limiter = h.limiter
+		if h.core != nil {
+			limiter = h.core.requestLimiter(w)
+		}
 	}
 	rw := h.writers.Get().(*responseWriter)
 	rw.ResponseWriter, rw.h, rw.src, rw.udp = w, h, src, udp
+	if h.cookies != nil {
+		rw.cookie, rw.hasCookie = cookieOption(req, &rw.cookieBuf)
+		if rw.hasCookie {
+			rw.cookieResult = h.cookies.Verify(rw.cookie, src.Addr(), h.now())
+		}
+	}
+	// The cookie first: a query that proves its address with a valid server
+	// cookie is judged at that address only, as the kernel filter judges it.
+	if limiter != nil && !allowQuery(limiter, src, rw.cookieResult.Valid()) {
+		h.limited.Add(1)
+		h.release(rw)
+		return
+	}
 	l := rw.lease()
 	defer h.release(rw)
 
@@ -229,10 +236,6 @@ func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
 		return
 	}
 	if h.cookies != nil {
-		rw.cookie, rw.hasCookie = cookieOption(req, &rw.cookieBuf)
-		if rw.hasCookie {
-			rw.cookieResult = h.cookies.Verify(rw.cookie, src.Addr(), h.now())
-		}
 		h.cookieCounts[rw.cookieResult].Add(1)
 		if rw.cookieResult == CookieMalformed {
 			// RFC 7873 section 5.2.2: a malformed COOKIE option is a format error.
@@ -244,6 +247,27 @@ func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
 		}
 	}
 	h.next.ServeDNS(l, req)
+}
+
+// allowQuery holds a query from src to the request limits of l: at its own address
+// only when proven (a valid server cookie), else at every node.
+func allowQuery(l *Limiter, src netip.AddrPort, proven bool) bool {
+	if proven {
+		return l.allowProven(src)
+	}
+	return l.Allow(src)
+}
+
+// allowRaw is allowQuery for a datagram as read, b, whose server cookie it looks
+// for in the wire format.
+func (h *Handler) allowRaw(l *Limiter, b []byte, src netip.AddrPort) bool {
+	proven := false
+	if h.cookies != nil {
+		if c, ok := rawCookie(b); ok {
+			proven = h.cookies.Verify(c, src.Addr().Unmap(), h.now()).Valid()
+		}
+	}
+	return allowQuery(l, src, proven)
 }
 
 // release ends rw's lease, so that the inner handler's later calls fail instead of
@@ -606,12 +630,12 @@ func (rw *responseWriter) write(b []byte) (int, error) {
 	return rw.ResponseWriter.Write(b)
 }
 
-// debit debits t for a response to src, with DebitResponse when UDP queries
-// passed a request limiter already.
+// debit debits t for a response to src, without requests-per-second when UDP
+// queries passed a request limiter already (in a Protection, always).
 func (h *Handler) debit(src netip.AddrPort, udp bool, t *ResponseTuple) Action {
 	var act Action
-	if udp && h.upstream {
-		act, _, _ = h.rrl.DebitResponse(src, t)
+	if udp && (h.limiter != nil || h.core != nil) {
+		act, _, _ = h.rrl.debitResponse(src, t)
 	} else {
 		act, _, _ = h.rrl.DebitAddrPort(src, udp, t)
 	}
@@ -762,36 +786,37 @@ func hexString(b []byte) string {
 	return s.String()
 }
 
-// LimitReader returns a miekg/dns Server.DecorateReader that holds UDP queries to
-// the limits of l as soon as they are read: a query l refuses is discarded before
-// the server unpacks it or starts a goroutine for it, which costs less CPU per
-// dropped packet than a Handler with WithLimiter (BenchmarkLimiterDrop). Use one or
-// the other, and only where the kernel filter is not attached (Attach returned
-// ModeClassic). TCP queries pass untouched; l.Stats counts what was refused.
-//
-// The datagram after a refused one is read into the refused one's buffer (the
-// server takes buffers from a pool of its own, which a reader cannot give them back
-// to), so a flood of refused packets allocates no buffers. That needs the server's
-// own reader underneath: set the result as Server.DecorateReader, or apply it to
-// the reader the server passes before any other decorator. Over another reader it
-// calls that reader for every datagram, and each refused one costs its buffer.
-func LimitReader(l *Limiter) dns.DecorateReader { return limitReaderCounted(l, nil) }
-
-// limitReaderCounted is LimitReader counting refusals in h's RequestsLimited too.
-func limitReaderCounted(l *Limiter, h *Handler) dns.DecorateReader {
+// decorateLimit returns a miekg/dns Server.DecorateReader that holds UDP queries to
+// the limits of l as soon as they are read, as the servers of a Protection do where
+// the eBPF filter is not in force; for tests of the reader alone.
+func decorateLimit(l *Limiter) dns.DecorateReader {
 	return func(r dns.Reader) dns.Reader {
-		t := reflect.TypeOf(r)
-		own := t != nil && t.PkgPath() == "github.com/miekg/dns" && t.Name() == "defaultReader"
-		return &limitReader{Reader: r, l: l, h: h, own: own}
+		return newLimitReader(r, nil, func(_ []byte, src netip.AddrPort) bool { return l.Allow(src) })
 	}
 }
 
-// limitReader is the dns.Reader of LimitReader.
+// newLimitReader returns r holding every UDP datagram to allow, which gets the
+// datagram and its source; refusals count in h's RequestsLimited (h may be nil).
+//
+// A query refused is discarded before the server unpacks it or starts a goroutine
+// for it, which costs less CPU per dropped packet than refusing it in the Handler
+// (BenchmarkLimiterDrop). The datagram after a refused one is read into the refused
+// one's buffer (the server takes buffers from a pool of its own, which a reader
+// cannot give them back to), so a flood of refused packets allocates no buffers.
+// That needs the server's own reader underneath; over another reader it calls that
+// reader for every datagram, and each refused one costs its buffer.
+func newLimitReader(r dns.Reader, h *Handler, allow func(b []byte, src netip.AddrPort) bool) *limitReader {
+	t := reflect.TypeOf(r)
+	own := t != nil && t.PkgPath() == "github.com/miekg/dns" && t.Name() == "defaultReader"
+	return &limitReader{Reader: r, allow: allow, h: h, own: own}
+}
+
+// limitReader is the dns.Reader of a Protection's servers.
 type limitReader struct {
 	dns.Reader
-	l   *Limiter
-	h   *Handler // nil, or the Handler whose RequestsLimited counts refusals
-	own bool     // Reader is miekg/dns's: its buffers may be read into again
+	allow func(b []byte, src netip.AddrPort) bool
+	h     *Handler // nil, or the Handler whose RequestsLimited counts refusals
+	own   bool     // Reader is miekg/dns's: its buffers may be read into again
 }
 
 // refused counts a query l refused.
@@ -808,7 +833,7 @@ func (r *limitReader) refused() {
 func (r *limitReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte, *dns.SessionUDP, error) {
 	b, s, err := r.Reader.ReadUDP(conn, timeout)
 	for err == nil && s != nil {
-		if ua, ok := s.RemoteAddr().(*net.UDPAddr); !ok || r.l.Allow(ua.AddrPort()) {
+		if ua, ok := s.RemoteAddr().(*net.UDPAddr); !ok || r.allow(b, ua.AddrPort()) {
 			break
 		}
 		r.refused()
@@ -830,11 +855,11 @@ func (r *limitReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte,
 func (r *limitReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration) ([]byte, net.Addr, error) {
 	pr, ok := r.Reader.(dns.PacketConnReader)
 	if !ok {
-		return nil, nil, errors.New("rrl: LimitReader: the decorated reader cannot read a net.PacketConn")
+		return nil, nil, errors.New("rrl: request limits in the reader: the decorated reader cannot read a net.PacketConn")
 	}
 	b, a, err := pr.ReadPacketConn(conn, timeout)
 	for err == nil {
-		if src, udp := remoteAddrPort(a); !udp || r.l.Allow(src) {
+		if src, udp := remoteAddrPort(a); !udp || r.allow(b, src) {
 			break
 		}
 		r.refused()

@@ -89,7 +89,7 @@ func testLimitReaderReusesBuffer(t *testing.T, generic bool) {
 		conn = packetConn{pc}
 	}
 	serve(t, &dns.Server{PacketConn: conn, Handler: NewHandler(inner, NewRRL(NewConfig())),
-		UDPSize: udpSize, DecorateReader: LimitReader(lim)})
+		UDPSize: udpSize, DecorateReader: decorateLimit(lim)})
 	flood, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 99, 0, 4)}, pc.LocalAddr().(*net.UDPAddr))
 	if err != nil {
 		t.Fatal(err)

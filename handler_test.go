@@ -469,7 +469,7 @@ func TestHandlerLimiter(t *testing.T) {
 		t.Fatal(err)
 	}
 	zone := new(handlerZone)
-	h := NewHandler(zone, NewRRL(NewConfig()), WithLimiter(lim))
+	h := NewHandler(zone, NewRRL(NewConfig()), withLimiter(lim))
 	flood := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(198, 51, 100, 7), Port: 4000}}
 	const n = 2000
 	for range n {
@@ -725,7 +725,7 @@ func floodServer(tb testing.TB, reader bool) (*net.UDPAddr, *atomic.Int64, *Limi
 	})
 	var opts []HandlerOption
 	if !reader {
-		opts = append(opts, WithLimiter(lim))
+		opts = append(opts, withLimiter(lim))
 	}
 	h := NewHandler(inner, NewRRL(NewConfig()), opts...)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -735,7 +735,7 @@ func floodServer(tb testing.TB, reader bool) (*net.UDPAddr, *atomic.Int64, *Limi
 	pc.SetReadBuffer(4 << 20)
 	srv := &dns.Server{PacketConn: pc, Handler: h}
 	if reader {
-		srv.DecorateReader = LimitReader(lim)
+		srv.DecorateReader = decorateLimit(lim)
 	}
 	started := make(chan struct{})
 	srv.NotifyStartedFunc = func() { close(started) }

@@ -338,15 +338,15 @@ func (r *RRL) DebitAddrPort(src netip.AddrPort, udp bool, tuple *ResponseTuple) 
 	return r.debit(src.Addr().WithZone(""), udp, tuple, true)
 }
 
-// DebitResponse is DebitAddrPort for a UDP query that has already passed a request
-// limiter enforcing requests-per-second per source group: the kernel Filter, or a
-// Limiter (LimitReader, Handler's WithLimiter) made from the same Config. It skips
-// the requests-per-second account, which would otherwise apply the same limit a
-// second time to traffic the limiter already trimmed to it (and, fed at exactly its
-// rate, drift into refusing nearly all of it); the IP reason is then IPNotReached
-// unless all-per-second or exempt-clients decide. Everything else is as
-// DebitAddrPort with udp true.
-func (r *RRL) DebitResponse(src netip.AddrPort, tuple *ResponseTuple) (Action, IPReason, RTReason) {
+// debitResponse is DebitAddrPort for a UDP query that has already passed a request
+// limiter enforcing requests-per-second per source group (the kernel filter, or the
+// Go Limiter of a Protection) made from the same Config. It skips the
+// requests-per-second account, which would otherwise apply the same limit a second
+// time to traffic the limiter already trimmed to it (and, fed at exactly its rate,
+// drift into refusing nearly all of it); the IP reason is then IPNotReached unless
+// all-per-second or exempt-clients decide. Everything else is as DebitAddrPort with
+// udp true.
+func (r *RRL) debitResponse(src netip.AddrPort, tuple *ResponseTuple) (Action, IPReason, RTReason) {
 	return r.debit(src.Addr().WithZone(""), true, tuple, false)
 }
 

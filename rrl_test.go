@@ -626,7 +626,7 @@ func TestDefaultClock(t *testing.T) {
 	}
 }
 
-// DebitResponse leaves the requests-per-second account alone: a request limiter in
+// debitResponse leaves the requests-per-second account alone: a request limiter in
 // front of the server already enforced it.
 func TestDebitResponseSkipsRequestAccount(t *testing.T) {
 	cfg := NewConfig()
@@ -638,8 +638,8 @@ func TestDebitResponseSkipsRequestAccount(t *testing.T) {
 	src := netip.MustParseAddrPort("192.0.2.1:5353")
 	tuple := &ResponseTuple{Class: 1, Type: 1, AllowanceCategory: AllowanceAnswer, SalientName: "a.example."}
 	for i := 0; i < 10; i++ {
-		if act, ipr, rtr := r.DebitResponse(src, tuple); act != Send || ipr != IPNotReached || rtr != RTOk {
-			t.Fatalf("DebitResponse %d: %v %v %v, want Send IPNotReached RTOk", i, act, ipr, rtr)
+		if act, ipr, rtr := r.debitResponse(src, tuple); act != Send || ipr != IPNotReached || rtr != RTOk {
+			t.Fatalf("debitResponse %d: %v %v %v, want Send IPNotReached RTOk", i, act, ipr, rtr)
 		}
 	}
 	// The same client through DebitAddrPort meets its requests-per-second account,

@@ -60,7 +60,7 @@ type demoResult struct {
 
 	legitSent, legitAnswered, legitTCP int64 // queries, answered (by any try), over TCP after a slip
 
-	netRun               bool  // resolvers inside the victim network ran (the kernel verifies cookies)
+	netRun               bool  // resolvers inside the victim network ran (server cookies on)
 	netSent, netAnswered int64 // their queries, and those answered
 
 	floodSent                               int64 // flood packets sent
@@ -95,11 +95,12 @@ func runDemo(ctx context.Context, srv *server, o demoOptions) (*demoResult, erro
 
 	var wg sync.WaitGroup
 	var legit, inNet legitCounters
-	// Resolvers inside the victim network show what a server cookie is worth when the
-	// kernel filter verifies it: they learn theirs before the flood, as resolvers
-	// that talk to the server already hold one.
+	// Resolvers inside the victim network show what a server cookie is worth: the
+	// request limits judge them at their own address, in the kernel filter or in Go.
+	// They learn theirs before the flood, as resolvers that talk to the server
+	// already hold one.
 	var jars []*cookieJar
-	if srv.protection != nil && srv.protection.Status().KernelCookies {
+	if srv.protection != nil && srv.protection.Status().Cookies {
 		res.netRun = true
 		for i := range netResolvers {
 			jar, err := learnCookie(netResolverSource(i), server)

@@ -13,7 +13,11 @@
 // FILE, over UDP and TCP. Every rrl configuration keyword is a flag of its own name
 // (-responses-per-second 5, -slip-ratio 2, -report-only, ...); only the flags given
 // are applied. -bind-rate-limit FILE applies a BIND rate-limit clause on top of them,
-// re-read on SIGHUP (see reload.go). -metrics serves Prometheus metrics at
+// re-read on SIGHUP (see reload.go). DNS server cookies are on (-cookies=false turns
+// them off): a resolver that echoes its server cookie is judged at its own address
+// by the request limits, wherever they run, and its answers are not rate limited;
+// -cookie-secret (or cookie-secret in the clause file) sets the site's secret.
+// -metrics serves Prometheus metrics at
 // http://ADDR/metrics (the server's own, the Go runtime's and the process's). SIGINT or
 // SIGTERM shuts the server down gracefully.
 //
@@ -62,7 +66,9 @@ type options struct {
 	bindFile    string
 	tcpConns    int
 	settings    [][2]string // keyword, value: the rrl flags given, in order
+	secretErr   error       // a refused -cookie-secret, reported after parsing
 	noFilter    bool
+	noCookies   bool
 	demo        bool
 	demoDur     time.Duration
 	demoRate    float64
@@ -85,6 +91,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		o.noFilter = !on
 		return err
 	})
+	fs.BoolFunc("cookies", "issue and verify DNS server cookies (default true): a resolver that proves its address is judged at it alone, in the kernel or in Go", func(v string) error {
+		on, err := strconv.ParseBool(v)
+		o.noCookies = !on
+		return err
+	})
 	fs.BoolVar(&o.demo, "demo", false, "serve on loopback and send itself legitimate traffic and a spoofed flood, then print a report")
 	fs.DurationVar(&o.demoDur, "demo-duration", 10*time.Second, "how long the -demo traffic runs")
 	fs.Float64Var(&o.demoRate, "demo-flood-rate", 10000, "flood packets per second in -demo")
@@ -99,14 +110,28 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil
 		}
 		usage := "rrl " + kw + " (see rrl.Config)"
-		if kw == "report-only" {
+		switch kw {
+		case "report-only":
 			fs.BoolFunc(kw, usage, set)
-		} else {
+		case "cookie-secret":
+			// The flag package would quote a refused value in its message: the
+			// secret is checked here and its error, which never quotes it, given
+			// after parsing.
+			fs.Func(kw, "rrl cookie-secret: the site's server cookie secret, 32 hex digits (shown by ps: prefer cookie-secret in -bind-rate-limit FILE)", func(v string) error {
+				if err := set(v); err != nil && o.secretErr == nil {
+					o.secretErr = err
+				}
+				return nil
+			})
+		default:
 			fs.Func(kw, usage, set)
 		}
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.secretErr != nil {
+		return nil, o.secretErr
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
@@ -159,7 +184,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
 	}
-	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo, noFilter: o.noFilter})
+	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo, noFilter: o.noFilter, noCookies: o.noCookies})
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
@@ -201,14 +226,15 @@ func openZone(o *options) (*zone, error) {
 
 // serverConfig is what startServer needs.
 type serverConfig struct {
-	listen   string
-	zone     *zone
-	cfg      *rrl.Config
-	tcpConns int
-	metrics  string    // "" for none
-	log      io.Writer // the start-up lines
-	observe  bool      // count what reaches clients, for the demo
-	noFilter bool      // no kernel filter: the Go request limiter only
+	listen    string
+	zone      *zone
+	cfg       *rrl.Config
+	tcpConns  int
+	metrics   string    // "" for none
+	log       io.Writer // the start-up lines
+	observe   bool      // count what reaches clients, for the demo
+	noFilter  bool      // no kernel filter: the Go request limiter only
+	noCookies bool      // no DNS server cookies
 }
 
 // server is a running authserver.
@@ -243,6 +269,9 @@ func startServer(c serverConfig) (*server, error) {
 	opts := []rrl.ProtectOption{rrl.ProtectTCPConnsPerClient(c.tcpConns)}
 	if c.noFilter {
 		opts = append(opts, rrl.ProtectWithoutFilter())
+	}
+	if c.noCookies {
+		opts = append(opts, rrl.ProtectWithoutCookies())
 	}
 	p, err := rrl.Protect(udp, zone, c.cfg, opts...)
 	if err != nil {
