@@ -30,7 +30,7 @@ type RRL struct {
 	// filter does not do it on every listener (off, not yet attached, or attached
 	// in classic mode for want of privilege).
 	limiter *rrl.Limiter
-	cookies *rrl.Cookies // nil without the cookies property
+	cookies *rrl.Cookies // nil with cookies off
 	kernel  bool
 	// kernelLimits is true while every listener that attached has the eBPF filter
 	// and none failed: the kernel already holds UDP queries to requests-per-second.
@@ -55,8 +55,8 @@ func newPlugin(s *settings) (*RRL, error) {
 	// UDP queries reach the Handler through a request limiter: the kernel's, or
 	// p.limiter in ServeDNS; so it applies requests-per-second to TCP only.
 	opts := []rrl.HandlerOption{rrl.WithRequestsLimited()}
-	if s.cookies != nil {
-		c := rrl.NewCookies(*s.cookies)
+	if s.cookies {
+		c := rrl.NewCookies(s.cookieSecret())
 		if s.prev != nil {
 			c.SetPrevious(*s.prev)
 		}
