@@ -34,6 +34,7 @@ type settings struct {
 	// one (processSecret).
 	secret *rrl.CookieSecret
 	prev   *rrl.CookieSecret // a previous secret still accepted
+	line   int               // of the directive, to name the block in errors
 }
 
 // cookieSecret returns the secret the block's cookies use; cookies must be on.
@@ -54,16 +55,22 @@ func setup(c *caddy.Controller) error {
 		return plugin.Error(Name, err)
 	}
 	conf := dnsserver.GetConfig(c)
+	groups, err := join(c, s, p)
+	if err != nil {
+		return plugin.Error(Name, err)
+	}
 	if s.kernel {
 		// CoreDNS opens its UDP sockets after the OnStartup callbacks have run (on a
 		// first start there is no socket yet), and calls this hook from each
 		// Server's ServePacket with the socket open and before the first read: the
 		// one place a plugin runs when its listener exists. On a reload the new
 		// Servers reuse the old sockets, so the new Filter replaces the old one in
-		// place before the old instance's OnShutdown closes it.
+		// place before the old instance's OnShutdown closes it. A Server serving
+		// several blocks calls the last one's hook only, which attaches for all of
+		// them.
 		prev := conf.UDPDecorateWriterFunc
 		conf.UDPDecorateWriterFunc = func(srv *dnsserver.Server) dns.DecorateWriter {
-			p.attach(srv.Addr)
+			attachGroup(groups, p, srv.Addr)
 			if prev != nil {
 				return prev(srv)
 			}
@@ -88,6 +95,20 @@ func setup(c *caddy.Controller) error {
 		return p
 	})
 	return nil
+}
+
+// attachGroup attaches the kernel filter for every block of the socket group of
+// addr (p alone when addr is in none of groups).
+func attachGroup(groups []*socketGroup, p *RRL, addr string) {
+	for _, g := range groups {
+		if g.addr == addr {
+			for _, m := range g.members {
+				m.attach(addr)
+			}
+			return
+		}
+	}
+	p.attach(addr)
 }
 
 func joinHostPort(host, port string) string {
@@ -138,6 +159,7 @@ func parse(c *caddy.Controller) (*settings, error) {
 			return nil, plugin.ErrOnce
 		}
 		seen = true
+		s.line = c.Line()
 		s.zones = plugin.OriginsFromArgsOrServerBlock(c.RemainingArgs(), c.ServerBlockKeys)
 		for c.NextBlock() {
 			if err := s.property(c); err != nil {

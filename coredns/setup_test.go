@@ -8,15 +8,6 @@ import (
 	"github.com/dnsrake/rrl"
 )
 
-// values returns cfg as keyword=value text for comparisons.
-func values(cfg *rrl.Config) map[string]string {
-	m := map[string]string{}
-	for _, kv := range cfg.Values() {
-		m[kv[0]] = kv[1]
-	}
-	return m
-}
-
 func TestParse(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -371,4 +362,49 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("%q parsed but newPlugin failed: %v", body, err)
 		}
 	})
+}
+
+func TestDisagreement(t *testing.T) {
+	// What two server blocks on one address must agree on: the kernel filter's
+	// settings, and the cookies whatever the filter; with the filter off in both,
+	// the request limits are per block. Secrets are never shown.
+	const s1, s2 = "000102030405060708090a0b0c0d0e0f", "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff"
+	for _, tc := range []struct{ a, b, want string }{
+		{"", "", ""},
+		{"requests-per-second 100", "requests-per-second 100\n responses-per-second 5\n slip-ratio 2", ""},
+		{"requests-per-second 100", "requests-per-second 50", `requests-per-second ("100" and "50")`},
+		{"requests-per-second 100\n kernel-filter off", "requests-per-second 50\n kernel-filter off", ""},
+		{"requests-per-second 100", "requests-per-second 100\n kernel-filter off", "kernel-filter (on and off)"},
+		{"ipv4-prefix-length 24", "ipv4-prefix-length 16", `ipv4-prefix-length ("24" and "16")`},
+		{"ipv4-request-levels 32:1", "ipv4-request-levels 32:2", "ipv4-request-levels"},
+		{"source-port-factor 2", "", "source-port-factor"},
+		{"total-requests-per-second 1000", "", "total-requests-per-second"},
+		{"reflection-ports 0 123", "", "reflection-ports"},
+		{"exempt-clients 192.0.2.1", "", "exempt-clients"},
+		{"report-only", "", "report-only"},
+		{"cookies off", "", "cookies (off and on)"},
+		{"cookies off", "cookies off", ""},
+		{"cookies", "", ""},
+		{"cookies " + s1, "cookies " + s1, ""},
+		{"cookies " + s1, "", "the cookie secrets (not shown)"},
+		{"cookies " + s1, "cookies " + s2, "the cookie secrets (not shown)"},
+		{"cookies " + s1 + " " + s2, "cookies " + s1, "the cookie secrets (not shown)"},
+		{"cookies " + s1 + "\n kernel-filter off", "cookies " + s2 + "\n kernel-filter off", "the cookie secrets (not shown)"},
+	} {
+		a, err := parse(caddy.NewTestController("dns", "rrl {\n"+tc.a+"\n}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := parse(caddy.NewTestController("dns", "rrl {\n"+tc.b+"\n}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := disagreement(a, b)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%q / %q: disagreement %q, want %q", tc.a, tc.b, got, tc.want)
+		}
+		if strings.Contains(got, s1[:6]) || strings.Contains(got, s2[:6]) {
+			t.Errorf("%q / %q: disagreement %q shows a secret", tc.a, tc.b, got)
+		}
+	}
 }
