@@ -42,9 +42,9 @@ type Filter struct {
 	cfg     *Config
 	seed    uint64
 	objs    *kernelObjects
-	sockets []attachedSocket // sockets attached, checked against socketOwners
-	pin     *pinState        // opened from pins (pin.go): Close leaves the pins in place
-	cookies *kernelCookies   // the secrets of UseCookies (kernelcookie.go)
+	sockets []*attachedSocket // sockets attached, checked against socketOwners
+	pin     *pinState         // opened from pins (pin.go): Close leaves the pins in place
+	cookies *kernelCookies    // the secrets of UseCookies (kernelcookie.go)
 }
 
 // kernelObjects are the program and maps production loads: test-only programs and
@@ -224,7 +224,8 @@ func (f *Filter) attachEBPF(conn syscall.Conn, id socketID) error {
 }
 
 // Attach adds another socket, typically one more of a SO_REUSEPORT group, to f: it
-// shares f's limits and sketches.
+// shares f's limits and sketches. For a socket f is on already, Attach puts the
+// filter on it again and makes conn the descriptor f reaches it through.
 func (f *Filter) Attach(conn syscall.Conn) error {
 	if f == nil {
 		return ErrClosed
@@ -257,6 +258,11 @@ func (f *Filter) Attach(conn syscall.Conn) error {
 // Filters in one process, are serialised; Updates of the same pins from two
 // processes are not, and must not overlap: the later one then fails, and the
 // configuration in force may hold parts of both until the next Update.
+//
+// The eBPF filter's settings are maps, which reach every socket the program is on.
+// In classic mode each socket holds a program of its own: Update puts the new one on
+// every socket f is on, through any descriptor of it open in this process (as Close
+// does), all or nothing again, and the error names a socket it could not reach.
 func (f *Filter) Update(cfg *Config) error {
 	if f == nil {
 		return ErrClosed
@@ -285,21 +291,28 @@ func (f *Filter) Update(cfg *Config) error {
 
 // updateClassic puts the classic prefilter for cfg on every socket f owns, all or
 // nothing: the program is built before any socket is touched, and a socket that
-// refuses it puts the sockets already changed back to f.cfg's program.
+// refuses it, or cannot be reached, puts the sockets already changed back to f.cfg's
+// program. A socket is reached through any descriptor of it still open (reach); one
+// with none left is gone, and f forgets it.
 func (f *Filter) updateClassic(cfg *Config) error {
 	if _, err := classicProgram(cfg); err != nil {
 		return fmt.Errorf("rrl: update classic filter: %w", err)
 	}
-	owned := f.ownedSockets()
-	for i, s := range owned {
-		err := applyClassic(s.conn, cfg)
-		if err == nil || isClosedSocket(err) {
-			continue
+	var done []*attachedSocket
+	for _, s := range f.ownedSockets() {
+		err := s.reach(func(conn syscall.Conn) error { return applyClassic(conn, cfg) })
+		switch {
+		case err == nil:
+			done = append(done, s)
+		case errors.Is(err, errSocketGone):
+			f.forget(s)
+		default:
+			for _, d := range done {
+				// It took this program before.
+				d.reach(func(conn syscall.Conn) error { return applyClassic(conn, f.cfg) })
+			}
+			return s.errorf("update classic filter", err)
 		}
-		for _, done := range owned[:i] {
-			applyClassic(done.conn, f.cfg) // it took this program before
-		}
-		return err
 	}
 	return nil
 }
@@ -314,12 +327,16 @@ func (f *Filter) Mode() FilterMode {
 	return f.mode
 }
 
-// Close detaches the filter from every socket it was attached to, except sockets a
-// later Filter of this process attached to since (so that attaching a new Filter and
-// then closing the old one leaves the new one in force), and frees its programs and
-// maps (for a pinned filter: closes this process's descriptors, and the pins keep the
-// program and maps). Sockets already closed are skipped without error. Closing twice,
-// or closing a nil Filter, is harmless.
+// Close detaches the filter from every socket it is on, except sockets a later
+// Filter of this process attached to since (so that attaching a new Filter and then
+// closing the old one leaves the new one in force), and frees its programs and maps
+// (for a pinned filter: closes this process's descriptors, and the pins keep the
+// program and maps). A socket is reached through any descriptor of it open in this
+// process, not only the one it was attached through; a socket with none left is
+// closed, and skipped without error. A socket that is open but could not be reached,
+// or refused the detach, is named in the error: it keeps the filter, which goes on
+// running with its last settings. Closing twice, or closing a nil Filter, is
+// harmless.
 func (f *Filter) Close() error {
 	if f == nil {
 		return nil
@@ -332,10 +349,10 @@ func (f *Filter) Close() error {
 		if !f.owns(s) {
 			continue
 		}
-		err := detachFilter(s.conn)
+		err := s.reach(detachIfAttached)
 		f.disown(s)
-		if err != nil && !errors.Is(err, unix.ENOENT) && !isClosedSocket(err) {
-			errs = append(errs, err)
+		if err != nil && !errors.Is(err, errSocketGone) {
+			errs = append(errs, s.errorf("close filter", err))
 		}
 	}
 	f.sockets = nil
@@ -351,15 +368,20 @@ func (f *Filter) Close() error {
 	return errors.Join(errs...)
 }
 
+// detachIfAttached removes conn's socket filter if it has one.
+func detachIfAttached(conn syscall.Conn) error {
+	if err := detachFilter(conn); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return nil
+}
+
 // applyClassic puts the classic prefilter for cfg on conn; in report-only mode,
 // where nothing may be withheld and the classic filter has no counters, it removes
 // any filter instead.
 func applyClassic(conn syscall.Conn, cfg *Config) error {
 	if cfg.reportOnly {
-		if err := detachFilter(conn); err != nil && !errors.Is(err, unix.ENOENT) {
-			return err
-		}
-		return nil
+		return detachIfAttached(conn)
 	}
 	return attachClassic(conn, cfg)
 }

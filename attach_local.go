@@ -23,9 +23,13 @@ import (
 // sockets never match. When none matches, nothing is attached and the error says what
 // the process has on that port.
 //
-// Errors and the classic fallback are those of Attach. Close detaches the filter and
-// leaves the sockets open; a socket the process closed or replaced in the meantime is
-// left alone. Sockets opened after the call are not protected: call again.
+// Errors and the classic fallback are those of Attach. The Filter follows each socket,
+// not the descriptor it was found through: when the process closes that descriptor
+// but keeps another of the same socket (a reload that hands the socket to a new
+// server as a copy), Update and Close reach the socket through the other; a socket
+// with no descriptor left is gone and left alone, and so is a new socket that took
+// the closed descriptor's number. Close detaches the filter and leaves the sockets
+// open. Sockets opened after the call are not protected: call Filter.AttachLocal.
 func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) {
 	socks, err := procsock.UDP(0, local)
 	if err != nil {
@@ -45,8 +49,9 @@ func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) {
 
 // AttachLocal adds every UDP socket of this process bound to local to f, found as the
 // function AttachLocal finds them: for sockets a server opened since f was attached
-// (a reload that added some). A socket f is on already stays as it is. It tries every
-// socket and returns the errors of those it could not attach.
+// (a reload that added some). A socket f is on already keeps the filter, which from
+// then on reaches it through the descriptor found now. It tries every socket and
+// returns the errors of those it could not attach.
 func (f *Filter) AttachLocal(local netip.AddrPort) error {
 	socks, err := procsock.UDP(0, local)
 	if err != nil {
@@ -60,7 +65,7 @@ func (f *Filter) attachSockets(socks []procsock.Socket) error {
 	var errs []error
 	for _, s := range socks {
 		if err := f.Attach(procsock.Borrow(s)); err != nil {
-			errs = append(errs, fmt.Errorf("rrl: attach to %s (descriptor %d): %w", s.Local, s.FD, err))
+			errs = append(errs, fmt.Errorf("rrl: attach to socket %s (inode %d, descriptor %d): %w", s.Local, s.Inode, s.FD, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -4,11 +4,15 @@ package rrl
 
 import (
 	"errors"
+	"fmt"
 	"net"
+	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 
+	"github.com/dnsrake/rrl/internal/procsock"
 	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/sys/unix"
 )
@@ -19,14 +23,31 @@ import (
 // remembers which Filter of this process attached each socket last, and Close and
 // Update touch only the sockets a Filter still owns. Filters attached by other
 // processes (rrlctl attach) are not known here.
+//
+// A filter belongs to the socket, not to the descriptor it was attached through, and
+// a socket may outlive that descriptor: a CoreDNS reload hands the new server a
+// duplicate of the socket's descriptor and closes the old one before the old
+// plugin's shutdown hook runs. So a Filter follows each socket by its identity and
+// reaches it through the descriptor it saw last while that one is open, and
+// otherwise through any other descriptor of the same socket it finds in
+// /proc/self/fd. Only when the process has no descriptor of it left is the socket
+// gone, and then the filter went with it.
+//
+// Holding a duplicate descriptor of each socket instead would spare the scan, but it
+// would keep the socket alive after the server closed it: the port stays bound (a
+// restarted server without SO_REUSEPORT cannot bind it), and a socket of a
+// SO_REUSEPORT group that nobody reads any more keeps its share of the group's
+// queries, which queue there unanswered. The scan costs a read of /proc/self/fd,
+// and is made only when the descriptor seen last is closed.
 
 // socketID identifies a socket whatever descriptor reaches it: its inode on sockfs.
 type socketID struct{ dev, ino uint64 }
 
 // attachedSocket is a socket a Filter attached to.
 type attachedSocket struct {
-	conn syscall.Conn
-	id   socketID
+	conn  syscall.Conn   // the descriptor seen last; it may be closed since
+	id    socketID       // the socket's identity, which outlives any descriptor
+	local netip.AddrPort // its local address when attached, to name it in errors
 }
 
 var socketOwners = struct {
@@ -48,28 +69,47 @@ func identify(conn syscall.Conn) (socketID, error) {
 	return id, err
 }
 
-// own records that f attached the socket last.
+// localAddr returns the address conn's socket is bound to, or the zero AddrPort.
+func localAddr(conn syscall.Conn) netip.AddrPort {
+	var local netip.AddrPort
+	sockopt.Control(conn, func(fd int) error {
+		sa, err := unix.Getsockname(fd)
+		switch a := sa.(type) {
+		case *unix.SockaddrInet4:
+			local = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+		case *unix.SockaddrInet6:
+			local = netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
+		}
+		return err
+	})
+	return local
+}
+
+// own records that f attached the socket last, through conn: from now on f reaches
+// the socket through conn first, whichever descriptor it knew before.
 func (f *Filter) own(conn syscall.Conn, id socketID) {
 	socketOwners.Lock()
 	socketOwners.m[id] = f
 	socketOwners.Unlock()
+	local := localAddr(conn)
 	for _, s := range f.sockets {
 		if s.id == id {
+			s.conn, s.local = conn, local
 			return
 		}
 	}
-	f.sockets = append(f.sockets, attachedSocket{conn: conn, id: id})
+	f.sockets = append(f.sockets, &attachedSocket{conn: conn, id: id, local: local})
 }
 
 // owns reports whether f is still the last Filter that attached s.
-func (f *Filter) owns(s attachedSocket) bool {
+func (f *Filter) owns(s *attachedSocket) bool {
 	socketOwners.Lock()
 	defer socketOwners.Unlock()
 	return socketOwners.m[s.id] == f
 }
 
 // disown forgets f's claim on s, leaving a later owner's in place.
-func (f *Filter) disown(s attachedSocket) {
+func (f *Filter) disown(s *attachedSocket) {
 	socketOwners.Lock()
 	if socketOwners.m[s.id] == f {
 		delete(socketOwners.m, s.id)
@@ -77,9 +117,15 @@ func (f *Filter) disown(s attachedSocket) {
 	socketOwners.Unlock()
 }
 
+// forget drops s, a socket that is gone, from f.
+func (f *Filter) forget(s *attachedSocket) {
+	f.disown(s)
+	f.sockets = slices.DeleteFunc(f.sockets, func(o *attachedSocket) bool { return o == s })
+}
+
 // ownedSockets returns the sockets f still owns.
-func (f *Filter) ownedSockets() []attachedSocket {
-	var out []attachedSocket
+func (f *Filter) ownedSockets() []*attachedSocket {
+	var out []*attachedSocket
 	for _, s := range f.sockets {
 		if f.owns(s) {
 			out = append(out, s)
@@ -88,9 +134,86 @@ func (f *Filter) ownedSockets() []attachedSocket {
 	return out
 }
 
-// isClosedSocket reports whether err says the socket was closed before we reached it,
-// the usual order at shutdown (the server closes its socket, then the Filter).
+// errSocketGone says that the process has no descriptor of a socket left: it is
+// closed (or lives on only in other processes), and its filter with it.
+var errSocketGone = errors.New("no descriptor of the socket is open in this process")
+
+// errOtherFile says that a descriptor now refers to another file than the socket.
+var errOtherFile = errors.New("the descriptor refers to another file now")
+
+// reach runs fn on s's socket, through the descriptor f saw last if it is still open
+// and still that socket, else through another descriptor of the socket found in
+// /proc/self/fd, which f then remembers. It returns an error matching errSocketGone
+// when the process has no descriptor of the socket left, and fn's error or why the
+// socket could not be reached otherwise. fn gets the descriptor as a syscall.Conn
+// valid only while it runs.
+func (s *attachedSocket) reach(fn func(conn syscall.Conn) error) error {
+	err := s.control(s.conn, fn)
+	// A server that moves the socket to another descriptor (dup, then close the
+	// old) while the directory is read can hide it from one scan: it is gone only
+	// when two scans miss it. A descriptor found may be closed before it is used,
+	// and the search then starts again, a bounded number of times.
+	missed := 0
+	for tries := 0; isStaleDescriptor(err); tries++ {
+		if tries == 4 {
+			return fmt.Errorf("its descriptors kept closing while being looked for: %w", err)
+		}
+		conn, ferr := procsock.Descriptor(s.id.ino)
+		switch {
+		case errors.Is(ferr, procsock.ErrNoSocket):
+			if missed++; missed == 2 {
+				return errSocketGone
+			}
+			continue
+		case ferr != nil:
+			return fmt.Errorf("its descriptor is closed, and finding another failed: %w", ferr)
+		}
+		s.conn = conn
+		err = s.control(conn, fn)
+	}
+	return err
+}
+
+// control runs fn on conn if conn's descriptor still refers to s's socket.
+func (s *attachedSocket) control(conn syscall.Conn, fn func(conn syscall.Conn) error) error {
+	return sockopt.Control(conn, func(fd int) error {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return err
+		}
+		if (socketID{dev: st.Dev, ino: st.Ino}) != s.id {
+			return errOtherFile
+		}
+		return fn(heldFD(fd))
+	})
+}
+
+// errorf names s in err, an error of op on it.
+func (s *attachedSocket) errorf(op string, err error) error {
+	return fmt.Errorf("rrl: %s: socket %s (inode %d): %w", op, s.local, s.id.ino, err)
+}
+
+// isStaleDescriptor reports whether err says that a descriptor no longer reaches
+// the socket it was kept for.
+func isStaleDescriptor(err error) bool {
+	return errors.Is(err, errOtherFile) || isClosedSocket(err)
+}
+
+// isClosedSocket reports whether err says the descriptor was closed before we
+// reached it.
 func isClosedSocket(err error) bool {
 	return errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) ||
 		errors.Is(err, unix.EBADF) || errors.Is(err, unix.ENOTSOCK)
 }
+
+// heldFD is a descriptor that stays open while a reach callback runs, as a
+// syscall.Conn for the socket option helpers.
+type heldFD int
+
+func (h heldFD) SyscallConn() (syscall.RawConn, error) { return h, nil }
+
+func (h heldFD) Control(fn func(fd uintptr)) error { fn(uintptr(h)); return nil }
+
+func (h heldFD) Read(func(fd uintptr) bool) error { return errors.ErrUnsupported }
+
+func (h heldFD) Write(func(fd uintptr) bool) error { return errors.ErrUnsupported }

@@ -161,6 +161,8 @@ func socketInodes(proc string) (map[uint64]int, error) {
 // procError explains the usual failures of reading another process's /proc entries.
 func procError(path string, err error) error {
 	switch {
+	case errors.Is(err, os.ErrNotExist) && strings.HasPrefix(path, "/proc/self/"):
+		return fmt.Errorf("%s: not found (is /proc mounted?): %w", path, err)
 	case errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("%s: no such process: %w", path, err)
 	case errors.Is(err, os.ErrPermission):
@@ -242,6 +244,22 @@ func parseAddr(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(a, uint16(port)), nil
 }
 
+// Descriptor returns a descriptor of this process for the socket with the given
+// inode, borrowed as Borrow does, or an error matching ErrNoSocket when the process
+// has none left (the socket is closed, or lives on only in other processes). Any
+// other error means /proc/self/fd could not be read, and says nothing either way.
+func Descriptor(inode uint64) (*Conn, error) {
+	fds, err := socketInodes("/proc/self")
+	if err != nil {
+		return nil, err
+	}
+	fd, ok := fds[inode]
+	if !ok {
+		return nil, fmt.Errorf("this process has no descriptor of socket inode %d: %w", inode, ErrNoSocket)
+	}
+	return &Conn{fd: fd, inode: inode}, nil
+}
+
 // Conn is a UDP socket descriptor of this process as a syscall.Conn, for the rrl
 // package's attach calls. It checks on every use that the descriptor still refers to
 // the socket it was made for, and fails with unix.EBADF otherwise: after the socket
@@ -260,19 +278,33 @@ func Borrow(s Socket) *Conn { return &Conn{fd: s.FD, inode: s.Inode} }
 // SyscallConn returns c itself.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c, nil }
 
-// Control runs fn on the descriptor if it still refers to the socket.
+// Control runs fn on the descriptor if it still refers to the socket. A borrowed
+// descriptor belongs to code that may close it at any moment, and its number may
+// then go to another socket between the check and fn: fn gets a copy of it
+// (F_DUPFD_CLOEXEC), which keeps the checked socket under that number while fn runs
+// and is closed right after. A copy taken from another process is c's own, and used
+// as it is.
 func (c *Conn) Control(fn func(fd uintptr)) error {
 	if c.fd < 0 {
 		return unix.EBADF
 	}
+	fd := c.fd
+	if !c.owned {
+		d, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(d)
+		fd = d
+	}
 	var st unix.Stat_t
-	if err := unix.Fstat(c.fd, &st); err != nil {
+	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
 	if st.Ino != c.inode || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return unix.EBADF
 	}
-	fn(uintptr(c.fd))
+	fn(uintptr(fd))
 	return nil
 }
 
