@@ -177,36 +177,29 @@ func attachMode(t *testing.T, way attachWay, srv *udpServer, classic bool, cfg *
 func TestFilterFollowsSocket(t *testing.T) {
 	requireBPF(t)
 	type step struct {
-		update string      // "KEY VALUE" for Update; "" for none
-		want   filterCheck // what the socket does afterwards
+		cfg  *Config     // the Config Update applies
+		want filterCheck // what the socket does afterwards
 	}
+	rps := func(v string) *Config { return newConfigWith(t, "requests-per-second", v) }
 	cases := []struct {
 		name    string
 		classic bool
-		first   string // "KEY VALUE" of the Config attached
+		first   *Config // the Config attached
 		want    filterCheck
-		update  *step
+		update  *step // nil: Close without Update
 	}{
-		{"eBPF, Close", false, "requests-per-second 20", limitedTo20, nil},
-		{"eBPF, Update to a lower limit, Close", false, "requests-per-second 0", unlimited,
-			&step{"requests-per-second 20", limitedTo20}},
-		{"classic, Close", true, "requests-per-second 20", unlimited, nil},
-		{"classic, Update of reflection ports, Close", true, "requests-per-second 20", unlimited,
-			&step{"reflection-ports 20202", dropping20202}},
-	}
-	config := func(kv string) *Config {
-		cfg := NewConfig()
-		k, v, _ := strings.Cut(kv, " ")
-		if err := cfg.SetValue(k, v); err != nil {
-			t.Fatal(err)
-		}
-		return cfg
+		{"eBPF, Close", false, rps("20"), limitedTo20, nil},
+		{"eBPF, Update to a lower limit, Close", false, rps("0"), unlimited,
+			&step{rps("20"), limitedTo20}},
+		{"classic, Close", true, rps("20"), unlimited, nil},
+		{"classic, Update of reflection ports, Close", true, rps("20"), unlimited,
+			&step{newConfigWith(t, "reflection-ports", "20202"), dropping20202}},
 	}
 	for _, way := range attachWays {
 		for _, c := range cases {
 			t.Run(way.name+"/"+c.name, func(t *testing.T) {
 				srv := newUDPServer(t, "udp4", "127.0.0.1:0")
-				f := attachMode(t, way, srv, c.classic, config(c.first))
+				f := attachMode(t, way, srv, c.classic, c.first)
 				expectFilter(t, srv, "attached", c.want)
 
 				moved := copySocket(t, srv)
@@ -221,7 +214,7 @@ func TestFilterFollowsSocket(t *testing.T) {
 				expectFilter(t, moved, "the first descriptor closed", c.want)
 
 				if c.update != nil {
-					if err := f.Update(config(c.update.update)); err != nil {
+					if err := f.Update(c.update.cfg); err != nil {
 						t.Fatalf("Update: %v", err)
 					}
 					expectFilter(t, moved, "after Update", c.update.want)
@@ -361,6 +354,65 @@ func TestFilterUnreachableSocket(t *testing.T) {
 			if c.classic && slices.Contains(f.Config().reflectionPorts, 20202) {
 				t.Error("the failed Update changed the Config")
 			}
+		})
+	}
+}
+
+// TestAttachLocalAcrossReloads plays the CoreDNS plugin's part in a series of
+// reloads on one socket: each reload hands the socket to the new server as a copy,
+// the new instance updates the running Filter and adds the address's sockets again
+// (Filter.AttachLocal, which may find the old descriptor, still open), and then the
+// old descriptor is closed. Every Update is enforced on the socket, and the last
+// reload, which drops the plugin, leaves no filter.
+func TestAttachLocalAcrossReloads(t *testing.T) {
+	requireBPF(t)
+	type reload struct {
+		cfg  *Config     // the new instance's
+		want filterCheck // what the socket does then
+	}
+	cases := []struct {
+		name    string
+		classic bool
+		first   *Config
+		want    filterCheck
+		reloads []reload
+	}{
+		{"eBPF", false, newConfigWith(t, "requests-per-second", "0"), unlimited, []reload{
+			{newConfigWith(t, "requests-per-second", "20"), limitedTo20},
+			{newConfigWith(t, "requests-per-second", "0"), unlimited},
+			{newConfigWith(t, "requests-per-second", "20"), limitedTo20},
+		}},
+		{"classic", true, NewConfig(), unlimited, []reload{
+			{newConfigWith(t, "reflection-ports", "20202"), dropping20202},
+			{NewConfig(), unlimited},
+			{newConfigWith(t, "reflection-ports", "20202"), dropping20202},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+			f := attachMode(t, attachWays[1], srv, c.classic, c.first)
+			expectFilter(t, srv, "attached", c.want)
+			for i, r := range c.reloads {
+				next := copySocket(t, srv)
+				if err := f.Update(r.cfg); err != nil {
+					t.Fatalf("reload %d: Update: %v", i+1, err)
+				}
+				if err := f.AttachLocal(srv.addr); err != nil {
+					t.Fatalf("reload %d: AttachLocal: %v", i+1, err)
+				}
+				srv.conn.Close()
+				srv = next
+				expectFilter(t, srv, fmt.Sprintf("reload %d", i+1), r.want)
+			}
+			// The last reload drops the plugin: the old instance closes its
+			// Filter after the old descriptor was closed.
+			next := copySocket(t, srv)
+			srv.conn.Close()
+			if err := f.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			expectFilter(t, next, "after Close", noFilter)
 		})
 	}
 }
