@@ -348,3 +348,74 @@ func SetCookie(m *dns.Msg, cookie []byte) {
 // Cookies returns the Cookies the Handler verifies and issues server cookies with
 // (WithCookies), or nil when it has none.
 func (h *Handler) Cookies() *Cookies { return h.cookies }
+
+// rawCookie returns the content of the first COOKIE option of the first OPT record
+// in a DNS message as it came off the wire, and whether there was one, without
+// unpacking the message or allocating: the reader of a Protection's server looks for
+// it in every datagram it holds to the request limits. It skips the question and any
+// answer and authority records, then walks the additional records; a message cut
+// short, a name with a label type other than a plain label or a compression pointer,
+// or an option running past its OPT record ends the search with nothing found, as
+// does an OPT record without a COOKIE option. The content is a slice of msg.
+func rawCookie(msg []byte) ([]byte, bool) {
+	const headerLen = 12
+	if len(msg) < headerLen {
+		return nil, false
+	}
+	count := func(i int) int { return int(msg[i])<<8 | int(msg[i+1]) }
+	qd, an, ns, ar := count(4), count(6), count(8), count(10)
+	off := headerLen
+	// skipName returns the offset after the name at off, or -1.
+	skipName := func(off int) int {
+		for off < len(msg) {
+			l := int(msg[off])
+			switch {
+			case l == 0:
+				return off + 1
+			case l&0xc0 == 0xc0:
+				if off+2 > len(msg) {
+					return -1
+				}
+				return off + 2
+			case l&0xc0 != 0:
+				return -1
+			}
+			off += 1 + l
+		}
+		return -1
+	}
+	for range qd {
+		if off = skipName(off); off < 0 || off+4 > len(msg) {
+			return nil, false
+		}
+		off += 4
+	}
+	for i := range an + ns + ar {
+		if off = skipName(off); off < 0 || off+10 > len(msg) {
+			return nil, false
+		}
+		rtype, rdlen := count(off), count(off+8)
+		off += 10
+		end := off + rdlen
+		if end > len(msg) {
+			return nil, false
+		}
+		if i < an+ns || rtype != int(dns.TypeOPT) {
+			off = end
+			continue
+		}
+		for o := off; o+4 <= end; {
+			code, olen := count(o), count(o+2)
+			o += 4
+			if o+olen > end {
+				return nil, false
+			}
+			if code == dns.EDNS0COOKIE {
+				return msg[o : o+olen : o+olen], true
+			}
+			o += olen
+		}
+		return nil, false
+	}
+	return nil, false
+}

@@ -79,6 +79,9 @@ type Handler struct {
 	cookies  *Cookies
 	limiter  *Limiter
 	upstream bool // UDP queries passed a request limiter: debit with DebitResponse
+	// core is the Protection whose Handler this is: it says, per query, whether the
+	// Go request limits still apply; UDP queries are then always held to them once.
+	core     *Protection
 	now      func() time.Time
 	wildcard func(resp *dns.Msg) string
 	writers  sync.Pool
@@ -205,18 +208,30 @@ func (h *Handler) Stats() HandlerStats {
 }
 
 // ServeDNS implements dns.Handler.
-func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) { h.serve(w, req, h.limiter) }
-
-// serve is ServeDNS with the request limiter to apply to UDP queries (nil: none,
-// because the server's reader applied it already).
-func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
+func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	src, udp := remoteAddrPort(w.RemoteAddr())
-	if udp && limiter != nil && !limiter.Allow(src) {
-		h.limited.Add(1)
-		return
+	var limiter *Limiter
+	if udp {
+		limiter = h.limiter
+		if h.core != nil {
+			limiter = h.core.requestLimiter(w)
+		}
 	}
 	rw := h.writers.Get().(*responseWriter)
 	rw.ResponseWriter, rw.h, rw.src, rw.udp = w, h, src, udp
+	if h.cookies != nil {
+		rw.cookie, rw.hasCookie = cookieOption(req, &rw.cookieBuf)
+		if rw.hasCookie {
+			rw.cookieResult = h.cookies.Verify(rw.cookie, src.Addr(), h.now())
+		}
+	}
+	// The cookie first: a query that proves its address with a valid server
+	// cookie is judged at that address only, as the kernel filter judges it.
+	if limiter != nil && !allowQuery(limiter, src, rw.cookieResult.Valid()) {
+		h.limited.Add(1)
+		h.release(rw)
+		return
+	}
 	l := rw.lease()
 	defer h.release(rw)
 
@@ -229,10 +244,6 @@ func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
 		return
 	}
 	if h.cookies != nil {
-		rw.cookie, rw.hasCookie = cookieOption(req, &rw.cookieBuf)
-		if rw.hasCookie {
-			rw.cookieResult = h.cookies.Verify(rw.cookie, src.Addr(), h.now())
-		}
 		h.cookieCounts[rw.cookieResult].Add(1)
 		if rw.cookieResult == CookieMalformed {
 			// RFC 7873 section 5.2.2: a malformed COOKIE option is a format error.
@@ -244,6 +255,27 @@ func (h *Handler) serve(w dns.ResponseWriter, req *dns.Msg, limiter *Limiter) {
 		}
 	}
 	h.next.ServeDNS(l, req)
+}
+
+// allowQuery holds a query from src to the request limits of l: at its own address
+// only when proven (a valid server cookie), else at every node.
+func allowQuery(l *Limiter, src netip.AddrPort, proven bool) bool {
+	if proven {
+		return l.allowProven(src)
+	}
+	return l.Allow(src)
+}
+
+// allowRaw is allowQuery for a datagram as read, b, whose server cookie it looks
+// for in the wire format.
+func (h *Handler) allowRaw(l *Limiter, b []byte, src netip.AddrPort) bool {
+	proven := false
+	if h.cookies != nil {
+		if c, ok := rawCookie(b); ok {
+			proven = h.cookies.Verify(c, src.Addr().Unmap(), h.now()).Valid()
+		}
+	}
+	return allowQuery(l, src, proven)
 }
 
 // release ends rw's lease, so that the inner handler's later calls fail instead of
@@ -607,10 +639,10 @@ func (rw *responseWriter) write(b []byte) (int, error) {
 }
 
 // debit debits t for a response to src, with DebitResponse when UDP queries
-// passed a request limiter already.
+// passed a request limiter already (in a Protection, always).
 func (h *Handler) debit(src netip.AddrPort, udp bool, t *ResponseTuple) Action {
 	var act Action
-	if udp && h.upstream {
+	if udp && (h.upstream || h.core != nil) {
 		act, _, _ = h.rrl.DebitResponse(src, t)
 	} else {
 		act, _, _ = h.rrl.DebitAddrPort(src, udp, t)
@@ -775,23 +807,26 @@ func hexString(b []byte) string {
 // own reader underneath: set the result as Server.DecorateReader, or apply it to
 // the reader the server passes before any other decorator. Over another reader it
 // calls that reader for every datagram, and each refused one costs its buffer.
-func LimitReader(l *Limiter) dns.DecorateReader { return limitReaderCounted(l, nil) }
-
-// limitReaderCounted is LimitReader counting refusals in h's RequestsLimited too.
-func limitReaderCounted(l *Limiter, h *Handler) dns.DecorateReader {
+func LimitReader(l *Limiter) dns.DecorateReader {
 	return func(r dns.Reader) dns.Reader {
-		t := reflect.TypeOf(r)
-		own := t != nil && t.PkgPath() == "github.com/miekg/dns" && t.Name() == "defaultReader"
-		return &limitReader{Reader: r, l: l, h: h, own: own}
+		return newLimitReader(r, nil, func(_ []byte, src netip.AddrPort) bool { return l.Allow(src) })
 	}
 }
 
-// limitReader is the dns.Reader of LimitReader.
+// newLimitReader returns r holding every UDP datagram to allow, which gets the
+// datagram and its source; refusals count in h's RequestsLimited (h may be nil).
+func newLimitReader(r dns.Reader, h *Handler, allow func(b []byte, src netip.AddrPort) bool) *limitReader {
+	t := reflect.TypeOf(r)
+	own := t != nil && t.PkgPath() == "github.com/miekg/dns" && t.Name() == "defaultReader"
+	return &limitReader{Reader: r, allow: allow, h: h, own: own}
+}
+
+// limitReader is the dns.Reader of LimitReader and of a Protection's servers.
 type limitReader struct {
 	dns.Reader
-	l   *Limiter
-	h   *Handler // nil, or the Handler whose RequestsLimited counts refusals
-	own bool     // Reader is miekg/dns's: its buffers may be read into again
+	allow func(b []byte, src netip.AddrPort) bool
+	h     *Handler // nil, or the Handler whose RequestsLimited counts refusals
+	own   bool     // Reader is miekg/dns's: its buffers may be read into again
 }
 
 // refused counts a query l refused.
@@ -808,7 +843,7 @@ func (r *limitReader) refused() {
 func (r *limitReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte, *dns.SessionUDP, error) {
 	b, s, err := r.Reader.ReadUDP(conn, timeout)
 	for err == nil && s != nil {
-		if ua, ok := s.RemoteAddr().(*net.UDPAddr); !ok || r.l.Allow(ua.AddrPort()) {
+		if ua, ok := s.RemoteAddr().(*net.UDPAddr); !ok || r.allow(b, ua.AddrPort()) {
 			break
 		}
 		r.refused()
@@ -834,7 +869,7 @@ func (r *limitReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration)
 	}
 	b, a, err := pr.ReadPacketConn(conn, timeout)
 	for err == nil {
-		if src, udp := remoteAddrPort(a); !udp || r.l.Allow(src) {
+		if src, udp := remoteAddrPort(a); !udp || r.allow(b, src) {
 			break
 		}
 		r.refused()

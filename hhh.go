@@ -116,8 +116,9 @@ const statShards = 8
 type statShard struct {
 	judged  [2]atomic.Uint64 // IPv4, IPv6
 	exempt  atomic.Uint64
+	proven  atomic.Uint64 // passed on a valid server cookie (allowProven)
 	limited [numNodes]atomic.Uint64
-	_       [128 - (3+numNodes)*8]byte // to a multiple of the cache line
+	_       [(128 - (4+numNodes)*8%128) % 128]byte // to a multiple of the cache line
 }
 
 // LimiterNode names a node of the request limiter: a source prefix level of one
@@ -214,6 +215,10 @@ type LimiterStats struct {
 	Exempt uint64
 	// Limited packets: dropped, or in report-only mode the ones that would have been.
 	Limited uint64
+	// CookiePassed counts the packets passed on a valid server cookie, judged only
+	// at their own address's node as the kernel filter judges them (FilterStats has
+	// the same counter); they are also in IPv4 and IPv6.
+	CookiePassed uint64
 	// Nodes has one entry per active node: IPv4 levels finest first, IPv6 levels,
 	// then the port and total nodes when on.
 	Nodes []LimiterNodeStats
@@ -429,6 +434,67 @@ func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVe
 	return limiterVerdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
 }
 
+// allowProven is Allow for a query whose valid server cookie proves its source
+// address (the Handler, or the reader of a Protection's server, verified it).
+func (l *Limiter) allowProven(src netip.AddrPort) bool {
+	return l.decideProvenAt(src, coarseNanos(), rand.Uint32()).Allowed
+}
+
+// decideProvenAt is decideAt for a query with a valid server cookie, judged as the
+// kernel program judges one (filter_bpf.c, filter): an exempt source passes
+// uncounted; when the finest level of the source's family keys on the whole address
+// (/32, /128), the query is counted and limited at that node only, not in the groups
+// it shares and not at the port and total nodes; with no node at all for its family
+// it passes uncounted; otherwise (a finest level coarser than the address, or no
+// level but the port or total node) it is judged as a query without a cookie.
+func (l *Limiter) decideProvenAt(src netip.AddrPort, now int64, rand uint32) limiterVerdict {
+	p := l.params.Load()
+	addr := src.Addr().Unmap()
+	st := &l.stats[rand%statShards]
+	if !addr.IsValid() {
+		return limiterVerdict{Allowed: true, node: -1}
+	}
+	if !p.exempt.empty() && p.exempt.contains(addr) {
+		st.exempt.Add(1)
+		return limiterVerdict{Allowed: true, Exempt: true, node: -1}
+	}
+	fam, n, bitLen := 0, nodeIPv4First, 32
+	if !addr.Is4() {
+		fam, n, bitLen = 1, nodeIPv6First, 128
+	}
+	switch {
+	case p.levels[fam] == 0 && p.limit[nodePort] == 0 && p.limit[nodeTotal] == 0:
+		st.judged[fam].Add(1)
+		st.proven.Add(1)
+		return limiterVerdict{Allowed: true, node: -1}
+	case p.levels[fam] == 0 || p.prefix[n] != bitLen:
+		return l.decideAt(src, now, rand)
+	}
+	st.judged[fam].Add(1)
+	var h uint64
+	if fam == 0 {
+		a4 := addr.As4()
+		h = mix64(l.mix0 ^ uint64(binary.BigEndian.Uint32(a4[:])))
+	} else {
+		a16 := addr.As16()
+		h = mix64(mix64(l.seedv^binary.BigEndian.Uint64(a16[:8])) ^ binary.BigEndian.Uint64(a16[8:]))
+	}
+	c := l.sketch[n].arrive(h, uint64(max(now, 0)))
+	refused := c >= p.trip[n] && Fixed(rand).Mul(arrivalRate(c)) >= p.limit[n]
+	if ev := l.events.Load(); ev != nil {
+		if refused {
+			l.limited(ev, p, n, h, src, now, arrivalRate(c))
+		}
+		l.sweep(ev, now)
+	}
+	if !refused {
+		st.proven.Add(1)
+		return limiterVerdict{Allowed: true, node: -1}
+	}
+	st.limited[n].Add(1)
+	return limiterVerdict{Allowed: p.reportOnly, Limited: p.name[n], node: int8(n)}
+}
+
 // maskIPv4 keeps the first bits bits of the IPv4 address a (its low 32 bits).
 func maskIPv4(a uint64, bits int) uint64 {
 	return a &^ (math.MaxUint32 >> bits)
@@ -454,6 +520,7 @@ func (l *Limiter) Stats() LimiterStats {
 		s.IPv4 += sh.judged[0].Load()
 		s.IPv6 += sh.judged[1].Load()
 		s.Exempt += sh.exempt.Load()
+		s.CookiePassed += sh.proven.Load()
 		for n := range limited {
 			limited[n] += sh.limited[n].Load()
 		}

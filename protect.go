@@ -6,89 +6,154 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
 )
 
-// Protection is everything that protects one DNS server, wired by Protect so that
-// every limit applies exactly once whatever the host allows: the kernel filter on
-// the server's UDP sockets (eBPF, or the classic prefilter where eBPF cannot load),
-// the Go request limiter wherever the eBPF filter is not in force, response rate
-// limiting with slip and DNS cookies in front of the server's handler, and the TCP
-// connection limits. It hands out the dns.Server values to run.
+// Protection is everything that protects one DNS server, and the one owner of how
+// it is wired, so that every limit applies exactly once whatever the host allows:
+// the kernel filter on the server's UDP sockets (eBPF, or the classic prefilter
+// where eBPF cannot load), the Go request limiter for every UDP query that did not
+// arrive on a socket where its eBPF filter is in force, response rate limiting with
+// slip and DNS cookies in front of the server's handler, and the TCP connection
+// limits. A query with a valid server cookie is judged at its own address only,
+// wherever the request limits run. It hands out the dns.Server values to run.
+//
+// Make one with Protect for a server that opens its own UDP socket, or with
+// NewProtection for a host whose sockets come later (AttachLocal, AddUDP).
 //
 // A Protection is safe for concurrent use.
 type Protection struct {
-	cfg     *Config
 	rrl     *RRL
-	filter  *Filter
-	limiter *Limiter // nil when the eBPF filter enforces the request limits
-	cookies *Cookies
+	cookies *Cookies // nil without cookies
 	handler *Handler
-	status  Status
 	opts    protectOptions
+	// secretChosen: the cookie secret is the caller's (ProtectCookies or the
+	// Config's cookie-secret), the same in every process of a site; a random one
+	// must not be written into a pinned filter that other processes share.
+	secretChosen bool
 
-	mu         sync.Mutex
-	tcp        []*TCPLimiter
-	udp        []*net.UDPConn
-	done       bool
-	stopWatch  context.CancelFunc // ends the kernel filter's events, if watched
-	watchEnded chan struct{}
+	// upstream lists the local addresses whose queries were held to the request
+	// limits before the Handler (by the eBPF filter, or by the reader of a server
+	// UDPServer or AddUDP returned): the Handler applies the Go limits to every
+	// other UDP query. Replaced as a whole under mu.
+	upstream atomic.Pointer[[]netip.AddrPort]
+
+	limMu   sync.Mutex              // serialises making and updating the Go limiter
+	limiter atomic.Pointer[Limiter] // made when a query first needs it
+	limCfg  *Config                 // the Config the Go limiter is made with, under limMu
+
+	mu            sync.Mutex
+	cfg           *Config
+	filter        *Filter // the filter this Protection holds (made or taken over), or nil
+	reason        error   // why the eBPF filter is not in force everywhere, or nil
+	pinned        string
+	kernelCookies bool
+	cookieReason  error // why the eBPF filter does not verify the cookies, or nil
+	socks         []*heldSocket
+	udp           []*net.UDPConn // the sockets of Protect and AddUDP, in order
+	tcp           []*TCPLimiter
+	done          bool
+	stopWatch     context.CancelFunc // ends the kernel filter's events, if watched
+	watchEnded    chan struct{}
 }
 
-// RequestLimiting says where requests-per-second and the other request limits are
-// enforced.
-type RequestLimiting int
-
-const (
-	// RequestsInKernel: the eBPF filter drops a source group's excess before the
-	// server reads it.
-	RequestsInKernel RequestLimiting = iota + 1
-	// RequestsInGo: a Limiter drops a UDP source group's excess (in the server's
-	// reader, or in the Handler) before the server's handler sees it, because the
-	// eBPF filter is not in force.
-	RequestsInGo
-)
-
-func (r RequestLimiting) String() string {
-	switch r {
-	case RequestsInKernel:
-		return "in the kernel"
-	case RequestsInGo:
-		return "in Go"
-	}
-	return fmt.Sprintf("RequestLimiting(%d)", int(r))
+// heldSocket is one UDP socket a Protection protects.
+type heldSocket struct {
+	id    socketID       // its identity, whatever descriptor reached it (zero where unknown)
+	local netip.AddrPort // its bound address, unmapped, as queries' LocalAddr report it
+	conn  *net.UDPConn   // the socket of Protect or AddUDP; nil for AttachLocal's
+	// kernel: this Protection's eBPF filter is in force on the socket. reader: a
+	// server of this Protection reads the socket and holds it to the Go limits
+	// while kernel is false.
+	kernel, reader atomic.Bool
 }
+
+// holders records which Protection holds each Filter, so that a successor taking a
+// predecessor's filter over (AttachLocal) leaves the predecessor's Close nothing to
+// detach, and every open Protection, so that a change of the filter on a socket
+// reaches every Protection serving it. Its lock is taken before any Protection's
+// mu, and is held by every call that locks two Protections.
+var holders = struct {
+	sync.Mutex
+	m    map[*Filter]*Protection
+	open map[*Protection]bool
+}{m: map[*Filter]*Protection{}, open: map[*Protection]bool{}}
+
+// takeOverHook, when set by a test, is called before a Protection takes a
+// predecessor's filter over; an error makes the take-over fail.
+var takeOverHook func(*Filter) error
 
 // Status says which protection is in force and why.
 type Status struct {
-	Filter   FilterMode      // what is on the UDP sockets: ModeEBPF, ModeClassic or ModeNone
-	Requests RequestLimiting // where the request limits (requests-per-second, ...) apply
-	Reason   error           // why the eBPF filter, or the pinned one asked for, is not in force; nil when it is
-	Pinned   string          // the pin directory the filter came from, or ""
+	Filter FilterMode // what this Protection's filter is: ModeEBPF, ModeClassic or ModeNone
+	// Reason says why the eBPF filter, or the pinned one asked for, is not in force
+	// on every socket; nil when it is.
+	Reason error
+	Pinned string // the pin directory the filter came from, or ""
+	// Sockets is the number of UDP sockets the Protection holds, KernelSockets how
+	// many of them its eBPF filter holds to the request limits. The Go limiter holds
+	// the others, and every UDP query the Handler gets from a socket the Protection
+	// does not hold.
+	Sockets, KernelSockets int
+	// RequestsInKernel: the eBPF filter enforces the request limits
+	// (requests-per-second, ...) on every socket the Protection holds, and there
+	// is at least one.
+	RequestsInKernel bool
+	// Cookies: the Handler issues and verifies DNS server cookies; a query with a
+	// valid one is judged at its own address only, by the eBPF filter on its
+	// sockets and by the Go limiter (before the other limits) elsewhere.
+	Cookies bool
 	// KernelCookies: the eBPF filter verifies the Handler's server cookies
-	// (Filter.UseCookies), so proven queries escape the limits they share.
+	// (Filter.UseCookies), so proven queries escape the limits they share there.
 	KernelCookies bool
+	// CookiesReason says why the eBPF filter does not verify the Handler's cookies
+	// although it is in force, e.g. a pinned filter other processes share with no
+	// cookie secret configured; nil otherwise.
+	CookiesReason error
 }
 
 // String is one line for a server's log, e.g. "kernel filter: ebpf; request
-// limits in the kernel".
+// limits in the kernel; server cookies verified in the kernel".
 func (s Status) String() string {
 	msg := "kernel filter: " + s.Filter.String()
 	if s.Pinned != "" {
 		msg += " (pinned at " + s.Pinned + ")"
 	}
-	msg += "; request limits " + s.Requests.String()
-	if s.KernelCookies {
-		msg += "; server cookies verified in the kernel"
+	switch {
+	case s.RequestsInKernel:
+		msg += "; request limits in the kernel"
+	case s.KernelSockets > 0:
+		msg += "; request limits in the kernel on " + strconv.Itoa(s.KernelSockets) + " of " +
+			strconv.Itoa(s.Sockets) + " UDP sockets, in Go on the others"
+	default:
+		msg += "; request limits in Go"
 	}
 	switch {
-	case s.Reason != nil && s.Filter == ModeEBPF:
+	case !s.Cookies:
+		msg += "; server cookies off"
+	case s.KernelCookies && s.RequestsInKernel:
+		msg += "; server cookies verified in the kernel"
+	case s.KernelCookies:
+		msg += "; server cookies verified in the kernel, and in Go before the request limits"
+	default:
+		msg += "; server cookies verified in Go before the request limits"
+	}
+	switch {
+	case s.Reason != nil && s.Filter == ModeEBPF && s.KernelSockets == s.Sockets:
 		msg += "; pinned filter not attached, this process's own instead: " + s.Reason.Error()
 	case s.Reason != nil:
 		msg += "; eBPF filter not in force: " + s.Reason.Error()
+	}
+	if s.CookiesReason != nil {
+		msg += "; proven clients judged with their networks in the kernel: " + s.CookiesReason.Error()
 	}
 	return msg
 }
@@ -106,8 +171,8 @@ type protectOptions struct {
 }
 
 // ProtectCookies makes the Protection issue and verify DNS server cookies with c, to
-// share one secret between servers; by default it makes a Cookies with a random
-// secret.
+// share one secret between servers; by default it makes a Cookies with the Config's
+// cookie-secret, or a random secret. A cookie-secret in the Config is applied to c.
 func ProtectCookies(c *Cookies) ProtectOption { return func(o *protectOptions) { o.cookies = c } }
 
 // ProtectWithoutCookies turns DNS server cookies off.
@@ -150,11 +215,28 @@ func ProtectTCPConnsPerClient(n int) ProtectOption {
 // Protect fails only when cfg is invalid or udp cannot be protected at all (not a UDP
 // socket).
 func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOption) (*Protection, error) {
+	p, err := NewProtection(next, cfg, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := p.hold(udp); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// NewProtection is Protect for a host whose UDP sockets come later: a framework that
+// opens them itself (hand them over with AttachLocal once they are open), or a
+// server that adds them with AddUDP. Until then, and for every UDP query that does
+// not arrive on a socket where the Protection's eBPF filter is in force, the Handler
+// applies the request limits in Go. It fails only when cfg is invalid.
+func NewProtection(next dns.Handler, cfg *Config, opts ...ProtectOption) (*Protection, error) {
 	if cfg == nil {
 		cfg = NewConfig()
 	}
 	cfg = cfg.clone()
-	p := &Protection{cfg: cfg}
+	p := &Protection{cfg: cfg, limCfg: cfg}
 	for _, o := range opts {
 		o(&p.opts)
 	}
@@ -162,147 +244,520 @@ func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOpt
 	if p.rrl, err = New(cfg); err != nil {
 		return nil, err
 	}
-	if err := p.attach(udp); err != nil {
+	if _, err := newLimiterParams(cfg); err != nil {
 		return nil, err
 	}
 	hopts := append([]HandlerOption(nil), p.opts.handler...)
 	if !p.opts.noCookies {
 		p.cookies = p.opts.cookies
+		p.secretChosen = p.cookies != nil
 		if p.cookies == nil {
 			var secret CookieSecret
 			rand.Read(secret[:]) // never fails: crypto/rand panics instead
 			p.cookies = NewCookies(secret)
 		}
 		hopts = append(hopts, WithCookies(p.cookies))
-		if p.status.Filter == ModeEBPF {
-			// A pinned filter whose secrets this process may not write judges
-			// every query as without a cookie, as before.
-			p.status.KernelCookies = p.filter.UseCookies(p.cookies) == nil
-		}
-	}
-	if p.limiter != nil {
-		hopts = append(hopts, WithLimiter(p.limiter))
-	} else {
-		hopts = append(hopts, WithRequestsLimited())
 	}
 	p.handler = NewHandler(next, p.rrl, hopts...)
-	p.udp = append(p.udp, udp)
-	if p.status.Filter == ModeEBPF && p.cfg.eventFunc != nil {
-		// The kernel filter's limiting events go where the RRL's and the
-		// Limiter's do.
-		var ctx context.Context
-		ctx, p.stopWatch = context.WithCancel(context.Background())
-		p.watchEnded = make(chan struct{})
-		go func() {
-			defer close(p.watchEnded)
-			p.filter.WatchLimited(ctx, time.Second, p.cfg.eventsPerSec(), p.cfg.eventFunc)
-		}()
-	}
+	p.handler.core = p
+	p.upstream.Store(new([]netip.AddrPort))
+	holders.Lock()
+	holders.open[p] = true
+	holders.Unlock()
 	return p, nil
 }
 
-// attach puts the kernel filter on the first socket and decides where the request
-// limits run.
-func (p *Protection) attach(udp *net.UDPConn) error {
+// hold protects conn, a socket given to Protect or AddUDP: it puts the
+// Protection's filter on it (making one for the first socket) and records it. It
+// returns a fatal error when conn cannot be protected at all (not an open UDP
+// socket), else soft: the filter could not be attached, and the Go limits hold the
+// socket.
+func (p *Protection) hold(conn *net.UDPConn) (soft, fatal error) {
+	if err := checkUDP(conn); err != nil {
+		return nil, fmt.Errorf("rrl: protect: %w", err)
+	}
+	id, err := identify(conn)
+	if err != nil {
+		return nil, fmt.Errorf("rrl: protect: %w", err)
+	}
+	holders.Lock()
+	defer holders.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return nil, ErrClosed
+	}
+	s := p.addSocket(id, localOf(conn), conn)
+	p.udp = append(p.udp, conn)
+	switch {
+	case p.opts.noFilter:
+		p.reason = errFilterOff
+	case p.filter == nil:
+		f, err := p.newFilter(conn)
+		if f == nil && !errors.Is(err, ErrNotSupported) {
+			p.removeSocket(s)
+			p.udp = p.udp[:len(p.udp)-1]
+			return nil, err
+		}
+		soft = err
+	default:
+		if err := p.filter.Attach(conn); err != nil {
+			soft = fmt.Errorf("rrl: attach filter: %w", err)
+			p.reason = soft
+		}
+	}
+	p.remarkAll()
+	return soft, nil
+}
+
+// newFilter makes the Protection's filter on conn, the first socket it holds:
+// the pinned one asked for or a new one, falling back as Attach does. It returns
+// what Attach returns; p.mu and holders are held.
+func (p *Protection) newFilter(conn syscall.Conn) (*Filter, error) {
 	var f *Filter
 	var err error
-	if p.opts.noFilter {
-		p.status = Status{Filter: ModeNone, Requests: RequestsInGo, Reason: errFilterOff}
-		p.limiter, err = NewLimiter(p.cfg)
-		return err
-	}
 	if p.opts.pinDir != "" {
-		f, err = AttachPinned(udp, p.opts.pinDir)
+		f, err = AttachPinned(conn, p.opts.pinDir)
 		if err == nil {
 			// The pins carry the request limits the privileged step loaded, which
 			// every process attached to them shares.
-			p.status.Pinned = p.opts.pinDir
+			p.pinned = p.opts.pinDir
 		} else {
 			pinErr := err
-			f, err = Attach(udp, p.cfg)
+			f, err = Attach(conn, p.cfg)
 			if err == nil || f != nil {
 				err = errors.Join(fmt.Errorf("rrl: attach pinned filter: %w", pinErr), err)
 			}
 		}
 	} else {
-		f, err = Attach(udp, p.cfg)
+		f, err = Attach(conn, p.cfg)
 	}
-	if f == nil && !errors.Is(err, ErrNotSupported) {
-		// Not a UDP socket, or not even the classic prefilter would attach.
+	p.reason = err // a pinned filter that failed may leave a filter of our own
+	if f == nil {
+		return nil, err
+	}
+	p.filter = f
+	holders.m[f] = p
+	p.useFilterCookies()
+	p.watch()
+	return f, err
+}
+
+// useFilterCookies gives the eBPF filter the Handler's cookie secrets, and sets
+// KernelCookies; p.mu is held. A pinned filter other processes may share gets them
+// only when they are the caller's (ProtectCookies, cookie-secret): a random secret
+// of this process would make the cookies of every other process invalid there.
+func (p *Protection) useFilterCookies() error {
+	f := p.filter
+	p.kernelCookies, p.cookieReason = false, nil
+	if f.Mode() != ModeEBPF {
+		return nil
+	}
+	if p.cookies == nil {
+		if f.PinDir() != "" {
+			return nil // the pins' secrets are the other processes' too
+		}
+		return f.UseCookies(nil)
+	}
+	if f.PinDir() != "" && !p.secretChosen {
+		p.cookieReason = errPinnedSecret
+		return nil
+	}
+	if err := f.UseCookies(p.cookies); err != nil {
+		// A pinned filter whose secrets this process may not write judges
+		// every query as without a cookie, as before.
+		p.cookieReason = err
+		return err
+	}
+	p.kernelCookies = true
+	return nil
+}
+
+// errPinnedSecret is Status.CookiesReason for a pinned filter without a configured
+// cookie secret.
+var errPinnedSecret = errors.New("rrl: the pinned filter may be shared with other processes, and no cookie-secret is configured for all of them: this process's random secret is not written into it")
+
+// watch starts reporting the eBPF filter's limiting events, when the Config has an
+// event function; p.mu is held.
+func (p *Protection) watch() {
+	if p.filter.Mode() != ModeEBPF || p.cfg.eventFunc == nil || p.stopWatch != nil {
+		return
+	}
+	// The kernel filter's limiting events go where the RRL's and the Limiter's do.
+	var ctx context.Context
+	ctx, p.stopWatch = context.WithCancel(context.Background())
+	p.watchEnded = make(chan struct{})
+	f, fn, perSec := p.filter, p.cfg.eventFunc, p.cfg.eventsPerSec()
+	ended := p.watchEnded
+	go func() {
+		defer close(ended)
+		f.WatchLimited(ctx, time.Second, perSec, fn)
+	}()
+}
+
+// unwatch stops the events of watch; p.mu is held.
+func (p *Protection) unwatch() {
+	if p.stopWatch != nil {
+		p.stopWatch()
+		<-p.watchEnded
+		p.stopWatch = nil
+	}
+}
+
+// AttachLocal puts the Protection's kernel filter on every UDP socket of this
+// process bound to local (found as the function AttachLocal finds them; an
+// unspecified address matches every socket on the port), for hosts that open their
+// sockets themselves; call it again for sockets opened later, which it adds.
+//
+// When those sockets carry the filter of another Protection of this process (a
+// reload's predecessor) and this one has none yet, it takes that filter over: the
+// filter runs this Protection's Config from then on, keeping its sketches
+// (Filter.Update), and verifies this Protection's cookie secrets, and the
+// predecessor's Close leaves it in place. When the take-over fails it attaches a
+// filter of its own instead, and where that fails too the sockets are held to the
+// request limits in Go, never to none: Status says which, and the error says why.
+// The Protection judges each socket by the filter in force on it.
+func (p *Protection) AttachLocal(local netip.AddrPort) error {
+	socks, err := localSockets(local)
+	if err != nil {
+		return fmt.Errorf("rrl: attach to %s: %w", local, err)
+	}
+	holders.Lock()
+	defer holders.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return ErrClosed
+	}
+	for _, s := range socks {
+		p.addSocket(s.id, s.local, nil)
+	}
+	defer p.remarkAll()
+	if p.opts.noFilter {
+		p.reason = errFilterOff
+		return nil
+	}
+	var errs []error
+	if p.filter == nil {
+		if pred, f := predecessor(p, socks); f != nil {
+			if err := p.takeOver(pred, f); err != nil {
+				err = fmt.Errorf("rrl: take over the kernel filter on %s: %w", local, err)
+				p.reason = err
+				errs = append(errs, err)
+			}
+		}
+	}
+	if p.filter == nil {
+		f, err := p.newFilter(socks[0].conn)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rrl: attach to %s: %w", local, err))
+		}
+		if f == nil {
+			return errors.Join(errs...)
+		}
+	}
+	for _, s := range socks {
+		if filterOwning(s.id) == p.filter {
+			continue
+		}
+		if err := p.filter.Attach(s.conn); err != nil {
+			err = fmt.Errorf("rrl: attach to %s (descriptor %d): %w", s.local, s.fd, err)
+			p.reason = err
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// predecessor returns another Protection that holds the filter on one of socks, and
+// that filter; holders is held.
+func predecessor(p *Protection, socks []foundSocket) (*Protection, *Filter) {
+	for _, s := range socks {
+		if f := filterOwning(s.id); f != nil {
+			if q := holders.m[f]; q != nil && q != p {
+				return q, f
+			}
+		}
+	}
+	return nil, nil
+}
+
+// takeOver makes f, pred's filter, this Protection's: it runs p's Config and cookie
+// secrets, and pred lets go of it. holders and p.mu are held. On error f is pred's
+// still (its Config may be p's: Update succeeded, the cookies did not).
+func (p *Protection) takeOver(pred *Protection, f *Filter) error {
+	if takeOverHook != nil {
+		if err := takeOverHook(f); err != nil {
+			return err
+		}
+	}
+	if err := f.Update(p.cfg); err != nil {
 		return err
 	}
 	p.filter = f
-	p.status.Filter = f.Mode()
-	p.status.Reason = err // a pinned filter that failed may leave a filter of our own
-	if p.status.Filter == ModeEBPF {
-		p.status.Requests = RequestsInKernel
-		return nil
+	if err := p.useFilterCookies(); err != nil && f.PinDir() == "" {
+		p.filter, p.kernelCookies, p.cookieReason = nil, false, nil
+		return fmt.Errorf("cookies: %w", err)
 	}
-	p.status.Requests = RequestsInGo
-	p.limiter, err = NewLimiter(p.cfg)
-	return err
+	holders.m[f] = p
+	pred.mu.Lock()
+	if pred.filter == f {
+		pred.unwatch()
+		pred.filter = nil
+	}
+	pred.mu.Unlock()
+	p.pinned = f.PinDir()
+	p.watch()
+	return nil
+}
+
+// addSocket records a socket, once; p.mu is held.
+func (p *Protection) addSocket(id socketID, local netip.AddrPort, conn *net.UDPConn) *heldSocket {
+	for _, s := range p.socks {
+		if (id != socketID{} && s.id == id) || (conn != nil && s.conn == conn) {
+			if conn != nil {
+				s.conn = conn
+			}
+			return s
+		}
+	}
+	s := &heldSocket{id: id, local: local, conn: conn}
+	p.socks = append(p.socks, s)
+	return s
+}
+
+// removeSocket forgets s; p.mu is held.
+func (p *Protection) removeSocket(s *heldSocket) {
+	p.socks = slices.DeleteFunc(p.socks, func(t *heldSocket) bool { return t == s })
+}
+
+// remarkAll records, for every socket of every open Protection, whether an eBPF
+// filter a Protection holds is in force on it (this one's, or that of a successor
+// that took it over), and recomputes their upstream addresses: a filter that
+// replaced or left a socket changes what every Protection serving it must do.
+// holders and p.mu are held.
+func (p *Protection) remarkAll() {
+	for q := range holders.open {
+		if q != p {
+			q.mu.Lock()
+		}
+		for _, s := range q.socks {
+			q.mark(s)
+		}
+		q.refresh()
+		if q != p {
+			q.mu.Unlock()
+		}
+	}
+}
+
+// mark records whether an eBPF filter a Protection holds is in force on s, and
+// makes the Go limiter where none is, so that it is there before the first query;
+// holders and p.mu are held.
+func (p *Protection) mark(s *heldSocket) {
+	kernel := false
+	if (s.id != socketID{}) {
+		f := filterOwning(s.id)
+		kernel = f != nil && holders.m[f] != nil && f.Mode() == ModeEBPF
+	}
+	s.kernel.Store(kernel)
+	if !kernel {
+		p.goLimiter()
+	}
+}
+
+// refresh recomputes the addresses whose queries reach the Handler already held to
+// the request limits: every socket the Protection holds there has its eBPF filter
+// or a reader of its servers. p.mu is held.
+func (p *Protection) refresh() {
+	var up []netip.AddrPort
+	for _, s := range p.socks {
+		if slices.Contains(up, s.local) {
+			continue
+		}
+		all := true
+		for _, t := range p.socks {
+			if t.local == s.local && !t.kernel.Load() && !t.reader.Load() {
+				all = false
+				break
+			}
+		}
+		if all {
+			up = append(up, s.local)
+		}
+	}
+	p.upstream.Store(&up)
+}
+
+// goLimiter returns the Go request limiter, made on first use.
+func (p *Protection) goLimiter() *Limiter {
+	if l := p.limiter.Load(); l != nil {
+		return l
+	}
+	p.limMu.Lock()
+	defer p.limMu.Unlock()
+	if l := p.limiter.Load(); l != nil {
+		return l
+	}
+	l, err := NewLimiter(p.limCfg)
+	if err != nil {
+		// NewProtection checked the Config, and crypto/rand does not fail: a
+		// Limiter with a fixed seed still limits.
+		l, _ = newLimiterSeed(p.limCfg, uint64(time.Now().UnixNano()))
+	}
+	p.limiter.Store(l)
+	return l
+}
+
+// requestLimiter returns the limiter the Handler holds a UDP query to, or nil when
+// the query reached it held to the request limits already: it arrived on a socket
+// where the eBPF filter is in force, or that a server of this Protection reads.
+func (p *Protection) requestLimiter(w dns.ResponseWriter) *Limiter {
+	up := *p.upstream.Load()
+	if len(up) > 0 {
+		local := localAddrPort(w.LocalAddr())
+		for _, a := range up {
+			if a == local {
+				return nil
+			}
+		}
+	}
+	return p.goLimiter()
+}
+
+// localOf returns conn's bound address as queries' LocalAddr report it.
+func localOf(conn *net.UDPConn) netip.AddrPort {
+	return localAddrPort(conn.LocalAddr())
+}
+
+// localAddrPort returns a local address unmapped and without zone, so that the
+// address of a socket and of a query on it compare equal.
+func localAddrPort(a net.Addr) netip.AddrPort {
+	var ap netip.AddrPort
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		if a == nil {
+			return ap
+		}
+		ap = a.AddrPort()
+	case nil:
+		return ap
+	default:
+		ap, _ = netip.ParseAddrPort(a.String())
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap().WithZone(""), ap.Port())
 }
 
 // Status says which protection is in force and why.
-func (p *Protection) Status() Status { return p.status }
+func (p *Protection) Status() Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := Status{
+		Filter:        p.filter.Mode(),
+		Reason:        p.reason,
+		Pinned:        p.pinned,
+		Sockets:       len(p.socks),
+		Cookies:       p.cookies != nil,
+		KernelCookies: p.kernelCookies,
+		CookiesReason: p.cookieReason,
+	}
+	for _, s := range p.socks {
+		if s.kernel.Load() {
+			st.KernelSockets++
+		}
+	}
+	st.RequestsInKernel = st.Sockets > 0 && st.KernelSockets == st.Sockets
+	return st
+}
 
 // Handler returns the middleware to serve queries with: the server's handler behind
-// response rate limiting, cookies and, where the eBPF filter is not in force, the Go
-// request limiter. UDPServer and TCPServer use it.
+// response rate limiting, cookies and, for UDP queries that did not arrive on a
+// socket where the eBPF filter is in force, the Go request limiter. UDPServer and
+// TCPServer use it.
 func (p *Protection) Handler() *Handler { return p.handler }
 
 // RRL returns the response rate limiter.
 func (p *Protection) RRL() *RRL { return p.rrl }
 
-// Filter returns the kernel filter on the UDP sockets (nil where none could be
-// attached, e.g. on other systems than Linux).
-func (p *Protection) Filter() *Filter { return p.filter }
+// Filter returns the kernel filter the Protection holds (nil where none could be
+// attached, e.g. on other systems than Linux, or before its first socket).
+func (p *Protection) Filter() *Filter {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.filter
+}
 
-// Limiter returns the Go request limiter, or nil when the eBPF filter enforces the
-// request limits.
-func (p *Protection) Limiter() *Limiter { return p.limiter }
+// Limiter returns the Go request limiter, or nil while no query has needed it
+// (every socket has the eBPF filter).
+func (p *Protection) Limiter() *Limiter { return p.limiter.Load() }
 
 // Cookies returns the DNS server cookies the Handler issues, or nil without them.
 func (p *Protection) Cookies() *Cookies { return p.cookies }
 
 // UDPServer returns a dns.Server for the socket given to Protect, ready for
 // ActivateAndServe, with Handler.ConfigureServer applied; set fields such as
-// NotifyStartedFunc before starting it.
-func (p *Protection) UDPServer() *dns.Server { return p.udpServer(p.udp[0]) }
+// NotifyStartedFunc before starting it. It returns nil for a Protection that holds
+// no socket of Protect or AddUDP.
+func (p *Protection) UDPServer() *dns.Server {
+	p.mu.Lock()
+	if len(p.udp) == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	conn := p.udp[0]
+	p.mu.Unlock()
+	return p.udpServer(conn)
+}
 
 func (p *Protection) udpServer(conn *net.UDPConn) *dns.Server {
+	p.mu.Lock()
+	var s *heldSocket
+	for _, t := range p.socks {
+		if t.conn == conn {
+			s = t
+		}
+	}
+	p.mu.Unlock()
 	srv := &dns.Server{PacketConn: conn, Handler: p.handler}
-	if p.limiter != nil {
-		// The Go request limiter drops a flood's excess in the server's reader, before
-		// the packet is unpacked or given a goroutine; the Handler then skips it.
-		srv.DecorateReader = limitReaderCounted(p.limiter, p.handler)
-		srv.Handler = readerLimited{p.handler}
+	if s != nil {
+		// Where the eBPF filter is not in force, the Go request limiter drops a
+		// flood's excess in the server's reader, before the packet is unpacked or
+		// given a goroutine; the Handler then skips it.
+		srv.DecorateReader = p.decorateReader(s)
 	}
 	p.handler.ConfigureServer(srv)
 	return srv
 }
 
-// readerLimited serves queries that a LimitReader already held to the request
-// limits.
-type readerLimited struct{ h *Handler }
-
-func (r readerLimited) ServeDNS(w dns.ResponseWriter, req *dns.Msg) { r.h.serve(w, req, nil) }
+// decorateReader returns the DecorateReader of a server reading s.
+func (p *Protection) decorateReader(s *heldSocket) dns.DecorateReader {
+	return func(r dns.Reader) dns.Reader {
+		lr := newLimitReader(r, p.handler, func(b []byte, src netip.AddrPort) bool {
+			if s.kernel.Load() {
+				return true
+			}
+			return p.handler.allowRaw(p.goLimiter(), b, src)
+		})
+		p.mu.Lock()
+		s.reader.Store(true)
+		p.refresh()
+		p.mu.Unlock()
+		return lr
+	}
+}
 
 // AddUDP protects another UDP socket with the same limits (another member of a
-// SO_REUSEPORT group, or the other address family) and returns its dns.Server.
+// SO_REUSEPORT group, or the other address family; the first one for a Protection
+// of NewProtection) and returns its dns.Server. When the kernel filter cannot be put
+// on the socket, the server holds it to the request limits in Go and AddUDP returns
+// the server together with the error; a socket that cannot be protected at all (not
+// an open UDP socket) is only an error.
 func (p *Protection) AddUDP(conn *net.UDPConn) (*dns.Server, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done {
-		return nil, ErrClosed
+	soft, err := p.hold(conn)
+	if err != nil {
+		return nil, err
 	}
-	if p.filter != nil {
-		if err := p.filter.Attach(conn); err != nil {
-			return nil, err
-		}
-	}
-	p.udp = append(p.udp, conn)
-	return p.udpServer(conn), nil
+	return p.udpServer(conn), soft
 }
 
 // tcpReadTimeout bounds how long a TCP client may take to send a query.
@@ -359,11 +814,15 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 			return false, fmt.Errorf("rrl: update kernel filter: %w", err)
 		}
 	}
-	if p.limiter != nil {
-		if err := p.limiter.Update(cfg); err != nil {
+	p.limMu.Lock()
+	if l := p.limiter.Load(); l != nil {
+		if err := l.Update(cfg); err != nil {
+			p.limMu.Unlock()
 			return false, fmt.Errorf("rrl: update request limiter: %w", err)
 		}
 	}
+	p.limCfg = cfg.clone()
+	p.limMu.Unlock()
 	if fresh, err = p.rrl.Update(cfg); err != nil {
 		return false, fmt.Errorf("rrl: update response rate limiting: %w", err)
 	}
@@ -371,16 +830,25 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 	return fresh, nil
 }
 
-// Close detaches the kernel filter (see Filter.Close) and frees it. Shut the
-// servers down first; the sockets are the servers' to close.
+// Close detaches the kernel filter the Protection holds (see Filter.Close) and
+// frees it; a filter a successor took over (AttachLocal) is the successor's and
+// stays. Shut the servers down first; the sockets are the servers' to close.
 func (p *Protection) Close() error {
+	holders.Lock()
+	defer holders.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done = true
-	if p.stopWatch != nil {
-		p.stopWatch()
-		<-p.watchEnded
-		p.stopWatch = nil
+	delete(holders.open, p)
+	p.unwatch()
+	f := p.filter
+	if f == nil || holders.m[f] != p {
+		return nil
 	}
-	return p.filter.Close()
+	delete(holders.m, f)
+	err := f.Close()
+	// Protections still serving the sockets (a predecessor draining its queries)
+	// hold them to the Go limits from now on.
+	p.remarkAll()
+	return err
 }

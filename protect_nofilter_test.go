@@ -20,7 +20,7 @@ func TestProtectWithoutFilter(t *testing.T) {
 	cfg.SetValue("requests-per-second", "20")
 	p, dst := startProtected(t, cfg, ProtectWithoutFilter())
 	st := p.Status()
-	if st.Filter != ModeNone || st.Requests != RequestsInGo || !errors.Is(st.Reason, errFilterOff) || p.Filter() != nil || p.Limiter() == nil {
+	if st.Filter != ModeNone || st.RequestsInKernel || !errors.Is(st.Reason, errFilterOff) || p.Filter() != nil || p.Limiter() == nil {
 		t.Fatalf("status %v, filter %v, limiter %v; want no filter and the Go limiter", st, p.Filter(), p.Limiter())
 	}
 	if k, err := procsock.AttachedFilter(p.udp[0]); err != nil || k != procsock.NoFilter {

@@ -119,17 +119,17 @@ func TestProtectEnforcesRequestsOnce(t *testing.T) {
 			st := p.Status()
 			t.Logf("status: %v", st)
 			if m.inject == nil {
-				if st.Filter != ModeEBPF || st.Requests != RequestsInKernel || st.Reason != nil || p.Limiter() != nil {
+				if st.Filter != ModeEBPF || !st.RequestsInKernel || st.Reason != nil || p.Limiter() != nil {
 					t.Fatalf("status %+v, want the eBPF filter limiting requests", st)
 				}
-			} else if st.Filter != ModeClassic || st.Requests != RequestsInGo || !errors.Is(st.Reason, m.want) || p.Limiter() == nil {
+			} else if st.Filter != ModeClassic || st.RequestsInKernel || !errors.Is(st.Reason, m.want) || p.Limiter() == nil {
 				t.Fatalf("status %+v, want the classic filter, requests in Go, reason %v", st, m.want)
 			}
 			const sent = 400
 			src := netip.AddrFrom4([4]byte{127, 0, 21, byte(1 + i)})
 			answered := burst(t, src, addr, sent)
 			var limited uint64
-			if st.Requests == RequestsInKernel {
+			if st.RequestsInKernel {
 				fs, err := p.Filter().Stats()
 				if err != nil {
 					t.Fatal(err)

@@ -1,0 +1,48 @@
+//go:build linux
+
+package rrl
+
+import (
+	"net/netip"
+	"syscall"
+
+	"github.com/dnsrake/rrl/internal/procsock"
+	"github.com/dnsrake/rrl/internal/sockopt"
+)
+
+// foundSocket is a UDP socket of this process that AttachLocal found.
+type foundSocket struct {
+	conn  syscall.Conn
+	id    socketID
+	fd    int
+	local netip.AddrPort
+}
+
+// localSockets returns this process's UDP sockets bound to local (see AttachLocal).
+func localSockets(local netip.AddrPort) ([]foundSocket, error) {
+	socks, err := procsock.UDP(0, local)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]foundSocket, 0, len(socks))
+	for _, s := range socks {
+		c := procsock.Borrow(s)
+		id, err := identify(c)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, foundSocket{conn: c, id: id, fd: s.FD, local: netip.AddrPortFrom(s.Local.Addr().Unmap().WithZone(""), s.Local.Port())})
+	}
+	return out, nil
+}
+
+// filterOwning returns the Filter of this process that attached the socket last, or
+// nil.
+func filterOwning(id socketID) *Filter {
+	socketOwners.Lock()
+	defer socketOwners.Unlock()
+	return socketOwners.m[id]
+}
+
+// checkUDP returns an error unless conn is an open UDP socket.
+func checkUDP(conn syscall.Conn) error { return sockopt.Control(conn, checkUDPSocket) }
