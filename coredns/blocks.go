@@ -77,6 +77,30 @@ func join(c *caddy.Controller, s *settings, p *RRL) ([]*socketGroup, error) {
 	return out, nil
 }
 
+// members returns the blocks served on addr with p: its socket group's members, or
+// p alone when addr is in none of p's groups.
+func (p *RRL) members(addr string) []*RRL {
+	for _, g := range p.groups {
+		if g.addr == addr {
+			return g.members
+		}
+	}
+	return []*RRL{p}
+}
+
+// successors returns the blocks of the newest load served on addr with the kernel
+// filter on (none when the load does not serve addr, or turned the filter off).
+// Blocks of a load that failed never started and so attach nothing.
+func successors(addr string) []*RRL {
+	load.Lock()
+	defer load.Unlock()
+	g := load.groups[addr]
+	if g == nil || !g.s.kernel {
+		return nil
+	}
+	return slices.Clone(g.members)
+}
+
 // blockAddrs returns the UDP listen addresses of the block c sets up, spelled as
 // dnsserver names its Servers (dnsserver.Server.Addr), in order and once each.
 // Each key of a block may name its own port; the block's bind hosts (in its first

@@ -50,13 +50,9 @@ func setup(c *caddy.Controller) error {
 	if err != nil {
 		return plugin.Error(Name, err)
 	}
-	p, err := newPlugin(s)
-	if err != nil {
-		return plugin.Error(Name, err)
-	}
+	p := newPlugin(s)
 	conf := dnsserver.GetConfig(c)
-	groups, err := join(c, s, p)
-	if err != nil {
+	if p.groups, err = join(c, s, p); err != nil {
 		return plugin.Error(Name, err)
 	}
 	if s.kernel {
@@ -64,13 +60,13 @@ func setup(c *caddy.Controller) error {
 		// first start there is no socket yet), and calls this hook from each
 		// Server's ServePacket with the socket open and before the first read: the
 		// one place a plugin runs when its listener exists. On a reload the new
-		// Servers reuse the old sockets, so the new Filter replaces the old one in
-		// place before the old instance's OnShutdown closes it. A Server serving
-		// several blocks calls the last one's hook only, which attaches for all of
-		// them.
+		// Servers reuse the old sockets, so the new Protection takes the filter over
+		// in place before the old instance's OnShutdown closes its own. A Server
+		// serving several blocks calls the last one's hook only, which hands the
+		// sockets to all of them.
 		prev := conf.UDPDecorateWriterFunc
 		conf.UDPDecorateWriterFunc = func(srv *dnsserver.Server) dns.DecorateWriter {
-			attachGroup(groups, p, srv.Addr)
+			attachGroup(p.members(srv.Addr), srv.Addr)
 			if prev != nil {
 				return prev(srv)
 			}
@@ -85,7 +81,13 @@ func setup(c *caddy.Controller) error {
 	if err != nil {
 		return plugin.Error(Name, err)
 	}
-	c.OnStartup(func() error { src.set(p); return nil })
+	c.OnStartup(func() error {
+		if err := p.start(); err != nil {
+			return plugin.Error(Name, err)
+		}
+		src.set(p)
+		return nil
+	})
 	c.OnShutdown(func() error {
 		src.clear(p)
 		return p.close()
@@ -95,20 +97,6 @@ func setup(c *caddy.Controller) error {
 		return p
 	})
 	return nil
-}
-
-// attachGroup attaches the kernel filter for every block of the socket group of
-// addr (p alone when addr is in none of groups).
-func attachGroup(groups []*socketGroup, p *RRL, addr string) {
-	for _, g := range groups {
-		if g.addr == addr {
-			for _, m := range g.members {
-				m.attach(addr)
-			}
-			return
-		}
-	}
-	p.attach(addr)
 }
 
 func joinHostPort(host, port string) string {

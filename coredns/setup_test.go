@@ -358,9 +358,11 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		// What parses builds a plugin.
-		if _, err := newPlugin(s); err != nil {
-			t.Fatalf("%q parsed but newPlugin failed: %v", body, err)
+		p := newPlugin(s)
+		if err := p.start(); err != nil {
+			t.Fatalf("%q parsed but the plugin did not start: %v", body, err)
 		}
+		p.close()
 	})
 }
 
