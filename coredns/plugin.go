@@ -25,7 +25,7 @@ type RRL struct {
 
 	s      *settings
 	prot   atomic.Pointer[rrl.Protection] // made by start, when every block of the load is set up
-	groups []*socketGroup  // the blocks sharing each UDP listen address of this one
+	groups []*socketGroup                 // the blocks sharing each UDP listen address of this one
 
 	mu       sync.Mutex
 	attached map[string]bool // listener addresses (dnsserver.Server.Addr) handed to prot
