@@ -5,6 +5,7 @@ package rrl
 import (
 	"net/netip"
 	"syscall"
+	"time"
 
 	"github.com/dnsrake/rrl/internal/procsock"
 	"github.com/dnsrake/rrl/internal/sockopt"
@@ -19,7 +20,23 @@ type foundSocket struct {
 }
 
 // localSockets returns this process's UDP sockets bound to local (see AttachLocal).
+// A descriptor found may be closed before it is looked at (a framework closing its
+// copy of a socket as a reload ends, while another copy lives on): the scan is then
+// made again, a few times, so that the socket is found through the copy that stays.
 func localSockets(local netip.AddrPort) ([]foundSocket, error) {
+	var err error
+	for range 5 {
+		var out []foundSocket
+		if out, err = scanLocalSockets(local); err == nil || !isClosedSocket(err) {
+			return out, err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil, err
+}
+
+// scanLocalSockets is one scan of localSockets.
+func scanLocalSockets(local netip.AddrPort) ([]foundSocket, error) {
 	socks, err := procsock.UDP(0, local)
 	if err != nil {
 		return nil, err

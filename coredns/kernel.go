@@ -11,130 +11,111 @@ import (
 	"github.com/dnsrake/rrl"
 )
 
-// listeners holds the kernel filter of every listener address of the process and
-// the plugin instance that owns it. A reload builds new instances that serve the
-// old sockets (CoreDNS hands the new servers copies of them); the new instance takes
-// the filter over with the new settings instead of attaching another, so the
-// sockets are never without it, its sketches keep their estimates, and the old
-// instance's shutdown leaves it alone.
+// attachMu serialises attachGroup, which a Server's hook and an old instance's
+// shutdown (handOver) may call at once for one address. lastFilter is the filter
+// last seen on each listener address, to tell in the log a reload that kept it (the
+// new Protection took it over, with its sketches) from one that attached another.
 var (
-	listenersMu sync.Mutex
-	listeners   = map[string]*listener{}
+	attachMu   sync.Mutex
+	lastFilter = map[string]*rrl.Filter{}
 )
 
-type listener struct {
-	f     *rrl.Filter
-	owner *RRL
-}
-
-// attach puts the kernel filter on the UDP sockets listening on addr (a
-// dnsserver.Server address such as "dns://:53"), once per address. Called from each
+// attachGroup hands the UDP sockets listening on addr (a dnsserver.Server address
+// such as "dns://:53") to the Protection of every block in members, the blocks
+// served there, in order: the first attaches the kernel filter, or takes over the
+// one a reload's predecessor left, and each next one takes it over from it with the
+// same request limits (setup made sure they agree), so that the sockets carry one
+// filter that every block's Protection counts as in force. Called from each
 // Server's ServePacket before it reads: every socket of the address exists by then
-// (CoreDNS opens all of them before serving any). Where eBPF cannot load, the
-// classic prefilter stays attached and the Go limiter goes on enforcing
-// requests-per-second, as rrl.Attach documents.
-func (p *RRL) attach(addr string) {
-	listenersMu.Lock()
-	defer listenersMu.Unlock()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return
-	}
-	if _, done := p.filters[addr]; done {
-		return
-	}
-	defer p.updateKernelLimits()
+// (CoreDNS opens all of them before serving any). Where the eBPF filter cannot be in
+// force, the Protections hold the sockets' queries to the request limits in Go, and
+// the log says so.
+func attachGroup(members []*RRL, addr string) {
+	attachMu.Lock()
+	defer attachMu.Unlock()
 	local, err := listenerAddr(addr)
 	if err != nil {
-		log.Errorf("kernel filter for %s: %v", addr, err)
-		p.failed = true
+		log.Errorf("kernel filter for %s: %v; request limits in Go", addr, err)
 		return
 	}
-	if l := listeners[addr]; l != nil {
-		err := l.f.Update(p.cfg)
-		if err == nil {
-			// Sockets a reload added on the address (a higher multisocket count)
-			// join the filter; the others have it already.
-			if aerr := l.f.AttachLocal(local); aerr != nil {
-				log.Warningf("kernel filter for %s: %v", addr, aerr)
-			}
-			l.owner = p
-			p.filters[addr] = l.f
-			p.useCookies(addr, l.f)
-			log.Infof("kernel filter for %s: %s, kept with the new settings", addr, l.f.Mode())
-			return
+	var errs []error
+	var last *RRL
+	for _, m := range members {
+		done, err := m.attachLocal(addr, local)
+		if done {
+			continue
 		}
-		// The running filter cannot take the new settings: attach a new one, which
-		// replaces it on the sockets; Filter.Close of the old one then leaves the
-		// new one in place.
-		log.Warningf("kernel filter for %s: update: %v; attaching a new one", addr, err)
+		last = m
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	f, err := rrl.AttachLocal(local, p.cfg)
+	if last == nil {
+		return // another Server of the address (multisocket) came first
+	}
+	prot := last.prot.Load()
+	st := prot.Status()
+	msg := strings.TrimPrefix(st.String(), "kernel filter: ")
+	f := prot.Filter()
+	if f != nil && lastFilter[addr] == f {
+		msg += "; kept with the new settings"
+	}
+	lastFilter[addr] = f
 	switch {
-	case f == nil:
-		log.Errorf("kernel filter for %s: %v; requests-per-second is enforced in Go", addr, err)
-		p.failed = true
-		return
-	case err != nil:
-		log.Warningf("kernel filter for %s: %s: %v; requests-per-second is enforced in Go", addr, f.Mode(), err)
+	case len(errs) > 0:
+		log.Warningf("kernel filter for %s: %s; %v", addr, msg, errors.Join(errs...))
+	case !st.RequestsInKernel:
+		log.Warningf("kernel filter for %s: %s", addr, msg)
 	default:
-		log.Infof("kernel filter for %s: %s", addr, f.Mode())
-	}
-	p.filters[addr] = f
-	listeners[addr] = &listener{f: f, owner: p}
-	p.useCookies(addr, f)
-}
-
-// useCookies gives the eBPF filter the plugin's cookie secrets, so that a query with
-// a valid server cookie is judged only in its own address's group (it has proven
-// its address), or takes away those of an instance before a reload (nil).
-func (p *RRL) useCookies(addr string, f *rrl.Filter) {
-	if f.Mode() != rrl.ModeEBPF {
-		return
-	}
-	if err := f.UseCookies(p.cookies); err != nil {
-		log.Warningf("kernel filter for %s: cookies: %v", addr, err)
+		log.Infof("kernel filter for %s: %s", addr, msg)
 	}
 }
 
-// updateKernelLimits sets kernelLimits from the filters; p.mu is held.
-func (p *RRL) updateKernelLimits() {
-	all := len(p.filters) > 0 && !p.failed
-	for _, f := range p.filters {
-		if f.Mode() != rrl.ModeEBPF {
-			all = false
-		}
+// attachLocal hands the sockets on local (addr's) to p's Protection, once per
+// address; done reports that it had been, or that p is closed.
+func (p *RRL) attachLocal(addr string, local netip.AddrPort) (done bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	prot := p.prot.Load()
+	if p.closed || prot == nil || p.attached[addr] {
+		return true, nil
 	}
-	p.kernelLimits.Store(all)
+	p.attached[addr] = true
+	return false, prot.AttachLocal(local)
 }
 
-// close detaches the kernel filters this instance still owns. On a reload the new
-// instance has taken the filters of the addresses it serves over before this runs
-// (CoreDNS starts the new servers first), so only addresses the new configuration
-// dropped, or where it turned the filter off, lose theirs.
+// close closes the plugin's Protection: it detaches the kernel filter unless a
+// reload's successor took it over, so only addresses the new configuration dropped,
+// or where it turned the filter off, lose theirs.
 func (p *RRL) close() error {
-	listenersMu.Lock()
-	defer listenersMu.Unlock()
+	p.handOver()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
-	p.kernelLimits.Store(false)
-	var errs []error
-	for addr, f := range p.filters {
-		l := listeners[addr]
-		if l != nil && l.f == f && l.owner != p {
-			continue // taken over by a newer instance
-		}
-		if l != nil && l.f == f {
-			delete(listeners, addr)
-		}
-		if err := f.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("kernel filter for %s: %w", addr, err))
+	if prot := p.prot.Load(); prot != nil {
+		return prot.Close()
+	}
+	return nil
+}
+
+// handOver has the blocks of the newest Corefile load that serve an address of p
+// with the kernel filter on take p's filter there over, if their servers' hook has
+// not yet: CoreDNS starts the new servers in goroutines and may shut the old
+// instance down before they have run, and the filter must pass from one
+// Protection to the next, never leaving the sockets (nor its estimates lost).
+// The sockets are there still: the new servers hold copies of them.
+func (p *RRL) handOver() {
+	p.mu.Lock()
+	addrs := make([]string, 0, len(p.attached))
+	for a := range p.attached {
+		addrs = append(addrs, a)
+	}
+	p.mu.Unlock()
+	for _, addr := range addrs {
+		if next := successors(addr); len(next) > 0 {
+			attachGroup(next, addr)
 		}
 	}
-	clear(p.filters)
-	return errors.Join(errs...)
 }
 
 // listenerAddr turns a dnsserver address ("dns://127.0.0.1:53", "dns://:53",

@@ -85,25 +85,31 @@ func (s *source) Collect(ch chan<- prometheus.Metric) {
 	if p == nil {
 		return
 	}
+	prot := p.prot.Load()
 	resp, req := p.exceeded()
 	ch <- prometheus.MustNewConstMetric(responsesExceeded, prometheus.CounterValue, float64(resp))
 	ch <- prometheus.MustNewConstMetric(requestsExceeded, prometheus.CounterValue, float64(req))
-	opts := []rrlprom.CollectorOption{rrlprom.CollectHandler(p.handler), rrlprom.CollectLimiter(p.limiter)}
-	if f := p.firstFilter(); f != nil {
-		opts = append(opts, rrlprom.CollectFilter(f))
+	opts := []rrlprom.CollectorOption{rrlprom.CollectHandler(prot.Handler())}
+	if l := prot.Limiter(); l != nil {
+		opts = append(opts, rrlprom.CollectLimiter(l))
 	}
-	rrlprom.NewCollector(namespace, p.rrl, opts...).Collect(ch)
+	if fs := p.socketFilters(); len(fs) > 0 {
+		opts = append(opts, rrlprom.CollectFilter(fs[0]))
+	}
+	rrlprom.NewCollector(namespace, prot.RRL(), opts...).Collect(ch)
 }
 
 // exceeded returns coredns/rrl's two counts: responses over their limits and
 // queries over requests-per-second.
 func (p *RRL) exceeded() (responses, requests uint64) {
-	st := p.rrl.GetStats(false)
+	prot := p.prot.Load()
+	st := prot.RRL().GetStats(false)
 	responses = uint64(st.RTReasons[rrl.RTRateLimit] + st.IPReasons[rrl.IPAllRateLimit])
-	requests = uint64(st.IPReasons[rrl.IPRateLimit]) + p.limiter.Stats().Limited
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, f := range p.filters {
+	requests = uint64(st.IPReasons[rrl.IPRateLimit])
+	if l := prot.Limiter(); l != nil {
+		requests += l.Stats().Limited
+	}
+	for _, f := range p.socketFilters() {
 		if fs, err := f.Stats(); err == nil {
 			for _, n := range fs.Nodes {
 				requests += n.Limited
@@ -113,18 +119,25 @@ func (p *RRL) exceeded() (responses, requests uint64) {
 	return responses, requests
 }
 
-// firstFilter returns the filter of the first listener address, whose counters the
-// filter metrics show (a block listens on one address unless bind names several).
-func (p *RRL) firstFilter() *rrl.Filter {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.filters) == 0 {
-		return nil
+// socketFilters returns the kernel filter on each of the block's UDP listen
+// addresses, in the order of its keys, once each: the filter the Protection of one
+// of the blocks served there holds (the last one to take it over). The filter
+// metrics show the first.
+func (p *RRL) socketFilters() []*rrl.Filter {
+	var out []*rrl.Filter
+	for _, g := range p.groups {
+		for _, m := range slices.Backward(g.members) {
+			prot := m.prot.Load()
+			if prot == nil {
+				continue
+			}
+			if f := prot.Filter(); f != nil {
+				if !slices.Contains(out, f) {
+					out = append(out, f)
+				}
+				break
+			}
+		}
 	}
-	addrs := make([]string, 0, len(p.filters))
-	for a := range p.filters {
-		addrs = append(addrs, a)
-	}
-	slices.Sort(addrs)
-	return p.filters[addrs[0]]
+	return out
 }

@@ -6,7 +6,6 @@ package coredns
 
 import (
 	"context"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -18,53 +17,49 @@ import (
 )
 
 // RRL is the plugin of one server block. It is a plugin.Handler: queries for its
-// zones go through an rrl.Handler, whose inner handler is the rest of the chain.
+// zones go through the Handler of an rrl.Protection, the one owner of where each
+// limit runs, whose inner handler is the rest of the chain.
 type RRL struct {
 	Next  plugin.Handler
 	Zones []string
 
-	cfg     *rrl.Config
-	rrl     *rrl.RRL
-	handler *rrl.Handler
-	// limiter enforces requests-per-second on UDP queries in Go while the kernel
-	// filter does not do it on every listener (off, not yet attached, or attached
-	// in classic mode for want of privilege).
-	limiter *rrl.Limiter
-	cookies *rrl.Cookies // nil without the cookies property
-	kernel  bool
-	// kernelLimits is true while every listener that attached has the eBPF filter
-	// and none failed: the kernel already holds UDP queries to requests-per-second.
-	kernelLimits atomic.Bool
+	s      *settings
+	prot   atomic.Pointer[rrl.Protection] // made by start, when every block of the load is set up
+	groups []*socketGroup                 // the blocks sharing each UDP listen address of this one
 
-	mu      sync.Mutex
-	filters map[string]*rrl.Filter // by listener address (dnsserver.Server.Addr)
-	failed  bool                   // an attach left a listener without the eBPF filter
-	closed  bool
+	mu       sync.Mutex
+	attached map[string]bool // listener addresses (dnsserver.Server.Addr) handed to prot
+	closed   bool
 }
 
-func newPlugin(s *settings) (*RRL, error) {
-	r, err := rrl.New(s.cfg)
-	if err != nil {
-		return nil, err
+func newPlugin(s *settings) *RRL {
+	return &RRL{Zones: s.zones, s: s, attached: map[string]bool{}}
+}
+
+// start makes the plugin's Protection. It runs once every block of the Corefile
+// is set up (OnStartup), so that a Corefile refused at a later block leaves nothing
+// behind, and before CoreDNS opens its sockets: until AttachLocal hands them over,
+// the Protection holds UDP queries to the request limits in Go.
+func (p *RRL) start() error {
+	var opts []rrl.ProtectOption
+	if !p.s.kernel {
+		opts = append(opts, rrl.ProtectWithoutFilter())
 	}
-	lim, err := rrl.NewLimiter(s.cfg)
-	if err != nil {
-		return nil, err
-	}
-	p := &RRL{Zones: s.zones, cfg: s.cfg, rrl: r, limiter: lim, kernel: s.kernel, filters: map[string]*rrl.Filter{}}
-	// UDP queries reach the Handler through a request limiter: the kernel's, or
-	// p.limiter in ServeDNS; so it applies requests-per-second to TCP only.
-	opts := []rrl.HandlerOption{rrl.WithRequestsLimited()}
-	if s.cookies != nil {
-		c := rrl.NewCookies(*s.cookies)
-		if s.prev != nil {
-			c.SetPrevious(*s.prev)
+	if p.s.cookies {
+		c := rrl.NewCookies(p.s.cookieSecret())
+		if p.s.prev != nil {
+			c.SetPrevious(*p.s.prev)
 		}
-		opts = append(opts, rrl.WithCookies(c))
-		p.cookies = c
+		opts = append(opts, rrl.ProtectCookies(c))
+	} else {
+		opts = append(opts, rrl.ProtectWithoutCookies())
 	}
-	p.handler = rrl.NewHandler(inner{p}, r, opts...)
-	return p, nil
+	prot, err := rrl.NewProtection(inner{p}, p.s.cfg, opts...)
+	if err != nil {
+		return err
+	}
+	p.prot.Store(prot)
+	return nil
 }
 
 // Name implements plugin.Handler.
@@ -77,25 +72,12 @@ func (p *RRL) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (i
 	if len(r.Question) == 0 || plugin.Zones(p.Zones).Matches(state.Name()) == "" {
 		return plugin.NextOrFailure(p.Name(), p.Next, ctx, w, r)
 	}
-	if !p.kernelLimits.Load() {
-		if src, ok := udpSource(w); ok && !p.limiter.Allow(src) {
-			// Over requests-per-second: no response at all, and nothing for the
-			// server to write either (a success code).
-			return dns.RcodeSuccess, nil
-		}
-	}
 	c := &call{ResponseWriter: w, ctx: ctx}
-	p.handler.ServeDNS(c, r)
+	// The Protection's Handler holds the query to the request limits in Go unless
+	// the eBPF filter did on the socket it arrived on; over them it writes nothing,
+	// and c reports a success code, so the server writes nothing either.
+	p.prot.Load().Handler().ServeDNS(c, r)
 	return c.rcode, c.err
-}
-
-// udpSource returns the source of a UDP query, and false for other transports.
-func udpSource(w dns.ResponseWriter) (netip.AddrPort, bool) {
-	if a, ok := w.RemoteAddr().(interface{ AddrPort() netip.AddrPort }); ok && w.RemoteAddr().Network() == "udp" {
-		ap := a.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
-	}
-	return netip.AddrPort{}, false
 }
 
 // call carries one query's context through the rrl.Handler to the inner handler

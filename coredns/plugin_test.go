@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
-	"strconv"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -28,8 +28,8 @@ func newTestPlugin(t *testing.T, corefile string, keys []string, next plugin.Han
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := newPlugin(s)
-	if err != nil {
+	p := newPlugin(s)
+	if err := p.start(); err != nil {
 		t.Fatal(err)
 	}
 	p.Next = next
@@ -53,11 +53,18 @@ func answer(wildcard string) plugin.Handler {
 	})
 }
 
-// serve sends a query for name through p over UDP (or TCP) from 10.240.0.1 and
-// reports what was written: "send", "tc" or "drop", with ServeDNS's results.
+// serve sends a query for name through p over UDP (or TCP) from 10.240.0.1 to
+// 127.0.0.1:53 and reports what was written: "send", "tc" or "drop", with
+// ServeDNS's results.
 func serve(t *testing.T, ctx context.Context, p *RRL, name string, tcp bool) (string, int, error) {
 	t.Helper()
-	rec := dnstest.NewRecorder(&test.ResponseWriter{TCP: tcp})
+	return serveOn(t, ctx, p, name, &test.ResponseWriter{TCP: tcp})
+}
+
+// serveOn is serve with the query arriving through w.
+func serveOn(t *testing.T, ctx context.Context, p *RRL, name string, w dns.ResponseWriter) (string, int, error) {
+	t.Helper()
+	rec := dnstest.NewRecorder(w)
 	q := new(dns.Msg)
 	q.SetQuestion(name, dns.TypeA)
 	rcode, err := p.ServeDNS(ctx, rec, q)
@@ -156,68 +163,102 @@ func TestServeDNS(t *testing.T) {
 	}
 }
 
+// localWriter is a UDP ResponseWriter for a query that arrived on the socket
+// bound to local.
+type localWriter struct {
+	test.ResponseWriter
+	local netip.AddrPort
+}
+
+func (w *localWriter) LocalAddr() net.Addr { return net.UDPAddrFromAddrPort(w.local) }
+
+// limitedInGo sends 200 UDP queries through p arriving on local, and returns how
+// many were answered and how many more the Go request limiter refused.
+func limitedInGo(t *testing.T, p *RRL, local netip.AddrPort) (answered int, limited uint64) {
+	t.Helper()
+	var before uint64
+	if l := p.prot.Load().Limiter(); l != nil {
+		before = l.Stats().Limited
+	}
+	for range 200 {
+		if out, _, _ := serveOn(t, context.Background(), p, "www.example.org.", &localWriter{local: local}); out != "drop" {
+			answered++
+		}
+	}
+	if l := p.prot.Load().Limiter(); l != nil {
+		limited = l.Stats().Limited - before
+	}
+	return answered, limited
+}
+
 func TestServeDNSRequestsInGo(t *testing.T) {
-	// Without the kernel filter holding every listener to requests-per-second, the
-	// Go limiter does it; with it, the plugin leaves UDP queries to the kernel.
-	for _, kernel := range []bool{false, true} {
-		p := newTestPlugin(t, "rrl {\n requests-per-second 5\n kernel-filter off\n}", []string{"."}, answer(""))
-		p.kernelLimits.Store(kernel)
-		sent := 0
-		for range 200 {
-			if out, _, _ := serve(t, context.Background(), p, "www.example.org.", false); out != "drop" {
-				sent++
-			}
-		}
-		limited := p.limiter.Stats().Limited
-		if kernel && (sent != 200 || limited != 0) {
-			t.Errorf("kernel limits: %d of 200 answered, %d limited in Go; want all answered", sent, limited)
-		}
-		if !kernel && (sent > 100 || limited < 100) {
-			t.Errorf("Go limits: %d of 200 answered, %d limited; want most refused", sent, limited)
-		}
-		if _, req := p.exceeded(); req != limited {
-			t.Errorf("requests exceeded %d, want the Go limiter's %d", req, limited)
-		}
+	// Without the kernel filter, the Protection's Handler holds UDP queries to
+	// requests-per-second in Go, and coredns_rrl_requests_exceeded_total counts them.
+	p := newTestPlugin(t, "rrl {\n requests-per-second 5\n kernel-filter off\n}", []string{"."}, answer(""))
+	sent, limited := limitedInGo(t, p, netip.MustParseAddrPort("127.0.0.1:53"))
+	if sent > 100 || limited < 100 {
+		t.Errorf("Go limits: %d of 200 answered, %d limited; want most refused", sent, limited)
+	}
+	if _, req := p.exceeded(); req != limited {
+		t.Errorf("requests exceeded %d, want the Go limiter's %d", req, limited)
 	}
 }
 
-func TestAttach(t *testing.T) {
-	// The plugin attaches one filter per listener address, to the sockets bound
-	// there, and close detaches it.
-	requirePrivilege(t, unix.CAP_BPF)
+// udpSocket opens a UDP socket on 127.0.0.1 and returns it with its listener
+// address as dnsserver names it.
+func udpSocket(t *testing.T) (netip.AddrPort, string) {
+	t.Helper()
 	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pc.Close()
-	addr := "dns://127.0.0.1:" + strconv.Itoa(pc.LocalAddr().(*net.UDPAddr).Port)
+	t.Cleanup(func() { pc.Close() })
+	local := pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	return local, "dns://" + local.String()
+}
+
+func TestAttach(t *testing.T) {
+	// The plugin hands a listener address's sockets to its Protection once, which
+	// attaches the eBPF filter there: UDP queries arriving on them are left to the
+	// kernel, others are held to the limits in Go. close detaches the filter.
+	requirePrivilege(t, unix.CAP_BPF)
+	local, addr := udpSocket(t)
 	p := newTestPlugin(t, "rrl {\n requests-per-second 5\n}", []string{"."}, answer(""))
-	p.attach(addr)
-	p.attach(addr) // a second Server of the same address (multisocket): no second filter
-	if len(p.filters) != 1 || p.filters[addr].Mode() != rrl.ModeEBPF {
-		t.Fatalf("filters %v, want one in ebpf mode", p.filters)
+	attachGroup([]*RRL{p}, addr)
+	prot := p.prot.Load()
+	f := prot.Filter()
+	attachGroup([]*RRL{p}, addr) // a second Server of the same address (multisocket): no second filter
+	if st := prot.Status(); f.Mode() != rrl.ModeEBPF || prot.Filter() != f || !st.RequestsInKernel || st.Sockets != 1 {
+		t.Fatalf("status %v, filter %v, want one socket with the eBPF filter", st, prot.Filter())
 	}
-	if !p.kernelLimits.Load() {
-		t.Error("kernelLimits false with the eBPF filter attached")
+	if sent, limited := limitedInGo(t, p, local); sent != 200 || limited != 0 {
+		t.Errorf("queries on the filtered socket: %d of 200 answered, %d limited in Go; want all answered", sent, limited)
+	}
+	if sent, limited := limitedInGo(t, p, netip.MustParseAddrPort("127.0.0.1:53")); sent > 100 || limited < 100 {
+		t.Errorf("queries on another socket: %d of 200 answered, %d limited in Go; want most refused", sent, limited)
 	}
 	if err := p.close(); err != nil {
 		t.Fatal(err)
 	}
-	if p.kernelLimits.Load() || len(p.filters) != 0 {
-		t.Error("close left filters or kernelLimits")
+	if f.Mode() != rrl.ModeNone {
+		t.Errorf("close left the filter in mode %v", f.Mode())
 	}
-	p.attach(addr) // after close (a server starting late): nothing
-	if len(p.filters) != 0 {
+	attachGroup([]*RRL{p}, addr) // after close (a server starting late): nothing
+	if prot.Filter() != nil && prot.Filter().Mode() != rrl.ModeNone {
 		t.Error("attach after close attached")
 	}
 }
 
 func TestAttachNoSocket(t *testing.T) {
-	// No socket on the address: logged, and the Go limiter keeps enforcing.
+	// No socket on the address: logged, and the Go limiter holds the queries.
 	p := newTestPlugin(t, "rrl {\n requests-per-second 5\n}", []string{"."}, answer(""))
-	p.attach("dns://127.0.0.1:1") // nothing of ours listens on port 1
-	if len(p.filters) != 0 || p.kernelLimits.Load() || !p.failed {
-		t.Errorf("filters %v, kernelLimits %v, failed %v; want none, false, true", p.filters, p.kernelLimits.Load(), p.failed)
+	attachGroup([]*RRL{p}, "dns://127.0.0.1:1") // nothing of ours listens on port 1
+	prot := p.prot.Load()
+	if st := prot.Status(); prot.Filter() != nil || st.RequestsInKernel || st.Sockets != 0 {
+		t.Errorf("status %v, filter %v; want none", st, prot.Filter())
+	}
+	if sent, limited := limitedInGo(t, p, netip.MustParseAddrPort("127.0.0.1:1")); sent > 100 || limited < 100 {
+		t.Errorf("%d of 200 answered, %d limited in Go; want most refused", sent, limited)
 	}
 }
 
@@ -226,21 +267,16 @@ func TestAttachTakeover(t *testing.T) {
 	// settings; the old instance's close leaves it on the socket, the new one's
 	// closes it.
 	requirePrivilege(t, unix.CAP_BPF)
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	addr := "dns://127.0.0.1:" + strconv.Itoa(pc.LocalAddr().(*net.UDPAddr).Port)
+	_, addr := udpSocket(t)
 	old := newTestPlugin(t, "rrl {\n requests-per-second 5\n}", []string{"."}, answer(""))
-	old.attach(addr)
-	f := old.filters[addr]
+	attachGroup([]*RRL{old}, addr)
+	f := old.prot.Load().Filter()
 	if f == nil {
 		t.Fatal("no filter attached")
 	}
 	next := newTestPlugin(t, "rrl {\n requests-per-second 50\n}", []string{"."}, answer(""))
-	next.attach(addr)
-	if next.filters[addr] != f {
+	attachGroup([]*RRL{next}, addr)
+	if next.prot.Load().Filter() != f {
 		t.Fatal("the new instance attached another filter instead of taking the old one over")
 	}
 	if got := f.Config().Values(); !containsPair(got, "requests-per-second", "50") {
@@ -249,14 +285,45 @@ func TestAttachTakeover(t *testing.T) {
 	if err := old.close(); err != nil {
 		t.Fatal(err)
 	}
-	if f.Mode() != rrl.ModeEBPF || !next.kernelLimits.Load() {
-		t.Fatalf("after the old instance's close: mode %v, kernelLimits %v", f.Mode(), next.kernelLimits.Load())
+	if f.Mode() != rrl.ModeEBPF || !next.prot.Load().Status().RequestsInKernel {
+		t.Fatalf("after the old instance's close: mode %v, status %v", f.Mode(), next.prot.Load().Status())
 	}
 	if err := next.close(); err != nil {
 		t.Fatal(err)
 	}
 	if f.Mode() != rrl.ModeNone {
 		t.Errorf("after the owner's close: mode %v, want closed", f.Mode())
+	}
+}
+
+func TestAttachGroup(t *testing.T) {
+	// Two blocks on one address: one filter on the socket, which both Protections
+	// count as in force, so that neither holds the queries to the limits again in
+	// Go; the filter goes with the last one to close.
+	requirePrivilege(t, unix.CAP_BPF)
+	local, addr := udpSocket(t)
+	a := newTestPlugin(t, "rrl {\n requests-per-second 5\n}", []string{"example.org."}, answer(""))
+	b := newTestPlugin(t, "rrl {\n requests-per-second 5\n responses-per-second 100\n}", []string{"example.net."}, answer(""))
+	attachGroup([]*RRL{a, b}, addr)
+	f := b.prot.Load().Filter()
+	if f == nil || f.Mode() != rrl.ModeEBPF {
+		t.Fatalf("the last block holds filter %v, want the eBPF filter", f)
+	}
+	for _, p := range []*RRL{a, b} {
+		if st := p.prot.Load().Status(); !st.RequestsInKernel {
+			t.Errorf("block %v: status %v, want the request limits in the kernel", p.Zones, st)
+		}
+		if sent, limited := limitedInGo(t, p, local); sent != 200 || limited != 0 {
+			t.Errorf("block %v: %d of 200 answered, %d limited in Go; want all answered", p.Zones, sent, limited)
+		}
+	}
+	a.close()
+	if f.Mode() != rrl.ModeEBPF {
+		t.Fatalf("the first block's close took the filter off")
+	}
+	b.close()
+	if f.Mode() != rrl.ModeNone {
+		t.Errorf("after both closed: mode %v, want closed", f.Mode())
 	}
 }
 

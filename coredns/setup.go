@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
@@ -27,9 +28,21 @@ func init() { plugin.Register(Name, setup) }
 type settings struct {
 	zones   []string
 	cfg     *rrl.Config
-	kernel  bool              // attach the kernel filter to the block's UDP sockets
-	cookies *rrl.CookieSecret // nil: no DNS cookies
-	prev    *rrl.CookieSecret // a previous secret still accepted
+	kernel  bool // attach the kernel filter to the block's UDP sockets
+	cookies bool // issue and verify DNS server cookies (the default; "cookies off" clears it)
+	// secret is the cookies property's SECRET; nil means the process's generated
+	// one (processSecret).
+	secret *rrl.CookieSecret
+	prev   *rrl.CookieSecret // a previous secret still accepted
+	line   int               // of the directive, to name the block in errors
+}
+
+// cookieSecret returns the secret the block's cookies use; cookies must be on.
+func (s *settings) cookieSecret() rrl.CookieSecret {
+	if s.secret != nil {
+		return *s.secret
+	}
+	return processSecret()
 }
 
 func setup(c *caddy.Controller) error {
@@ -37,21 +50,23 @@ func setup(c *caddy.Controller) error {
 	if err != nil {
 		return plugin.Error(Name, err)
 	}
-	p, err := newPlugin(s)
-	if err != nil {
+	p := newPlugin(s)
+	conf := dnsserver.GetConfig(c)
+	if p.groups, err = join(c, s, p); err != nil {
 		return plugin.Error(Name, err)
 	}
-	conf := dnsserver.GetConfig(c)
 	if s.kernel {
 		// CoreDNS opens its UDP sockets after the OnStartup callbacks have run (on a
 		// first start there is no socket yet), and calls this hook from each
 		// Server's ServePacket with the socket open and before the first read: the
 		// one place a plugin runs when its listener exists. On a reload the new
-		// Servers reuse the old sockets, so the new Filter replaces the old one in
-		// place before the old instance's OnShutdown closes it.
+		// Servers reuse the old sockets, so the new Protection takes the filter over
+		// in place before the old instance's OnShutdown closes its own. A Server
+		// serving several blocks calls the last one's hook only, which hands the
+		// sockets to all of them.
 		prev := conf.UDPDecorateWriterFunc
 		conf.UDPDecorateWriterFunc = func(srv *dnsserver.Server) dns.DecorateWriter {
-			p.attach(srv.Addr)
+			attachGroup(p.members(srv.Addr), srv.Addr)
 			if prev != nil {
 				return prev(srv)
 			}
@@ -66,7 +81,13 @@ func setup(c *caddy.Controller) error {
 	if err != nil {
 		return plugin.Error(Name, err)
 	}
-	c.OnStartup(func() error { src.set(p); return nil })
+	c.OnStartup(func() error {
+		if err := p.start(); err != nil {
+			return plugin.Error(Name, err)
+		}
+		src.set(p)
+		return nil
+	})
 	c.OnShutdown(func() error {
 		src.clear(p)
 		return p.close()
@@ -109,13 +130,13 @@ func joinHostPort(host, port string) string {
 //	    total-requests-per-second RATE
 //	    reflection-ports PORT...
 //	    kernel-filter on|off
-//	    cookies [SECRET [PREVIOUS]]
+//	    cookies [off | SECRET [PREVIOUS]]
 //	}
 //
 // The first twelve are coredns/rrl's, with its defaults (slip-ratio 0: no slips) and
 // its checks; the others are this library's (see rrl.Config) and the plugin's own.
 func parse(c *caddy.Controller) (*settings, error) {
-	s := &settings{cfg: rrl.NewConfig(), kernel: true}
+	s := &settings{cfg: rrl.NewConfig(), kernel: true, cookies: true}
 	// coredns/rrl never slips unless asked to.
 	if err := s.cfg.SetValue("slip-ratio", "0"); err != nil {
 		return nil, err
@@ -126,6 +147,7 @@ func parse(c *caddy.Controller) (*settings, error) {
 			return nil, plugin.ErrOnce
 		}
 		seen = true
+		s.line = c.Line()
 		s.zones = plugin.OriginsFromArgsOrServerBlock(c.RemainingArgs(), c.ServerBlockKeys)
 		for c.NextBlock() {
 			if err := s.property(c); err != nil {
@@ -217,29 +239,34 @@ func (s *settings) property(c *caddy.Controller) error {
 		}
 		return nil
 	case "cookies":
-		if len(args) > 2 {
-			return c.ArgErr()
+		// Never quote an argument here: it may be a secret (one typo must not leak
+		// a fleet's secret into the log), so the errors say what is wrong only.
+		switch {
+		case len(args) == 1 && args[0] == "off":
+			s.cookies, s.secret, s.prev = false, nil, nil
+			return nil
+		case len(args) > 2:
+			return c.Err("Wrong argument count: cookies takes off, or a secret and an optional previous one")
 		}
 		secrets := make([]rrl.CookieSecret, len(args))
 		for i, a := range args {
 			b, err := hex.DecodeString(a)
 			if err != nil || len(b) != len(secrets[i]) {
-				return c.Errf("cookies %q: want a secret of %d hexadecimal digits", a, 2*len(secrets[i]))
+				which := "SECRET"
+				if i == 1 {
+					which = "PREVIOUS"
+				}
+				return c.Errf("cookies: %s is not %d hexadecimal digits (the value is not shown, as it may be a secret)", which, 2*len(secrets[i]))
 			}
 			copy(secrets[i][:], b)
 		}
+		s.cookies, s.secret, s.prev = true, nil, nil
 		switch len(args) {
-		case 0:
-			var sec rrl.CookieSecret
-			if err := randomSecret(&sec); err != nil {
-				return c.Errf("cookies: %v", err)
-			}
-			s.cookies = &sec
 		case 2:
 			s.prev = &secrets[1]
 			fallthrough
 		case 1:
-			s.cookies = &secrets[0]
+			s.secret = &secrets[0]
 		}
 		return nil
 	}
@@ -254,10 +281,15 @@ func reason(err error) string {
 	return fmt.Sprint(err)
 }
 
-// randomSecret fills sec from the system's random source: a server cookie secret
-// nobody else knows, for "cookies" without one (cookies then stay valid only until
-// the next restart or reload).
-func randomSecret(sec *rrl.CookieSecret) error {
-	_, err := rand.Read(sec[:])
-	return err
-}
+// generated is the process's generated cookie secret, made on first use.
+var generated = sync.OnceValue(func() rrl.CookieSecret {
+	var sec rrl.CookieSecret
+	rand.Read(sec[:]) // never fails: crypto/rand panics instead
+	return sec
+})
+
+// processSecret returns the server cookie secret of blocks whose cookies property
+// names none: random, made once per process, so that cookies stay valid across
+// reloads (as BIND's generated secret does) and every such block on one address
+// issues the same ones.
+func processSecret() rrl.CookieSecret { return generated() }

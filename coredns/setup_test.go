@@ -8,15 +8,6 @@ import (
 	"github.com/dnsrake/rrl"
 )
 
-// values returns cfg as keyword=value text for comparisons.
-func values(cfg *rrl.Config) map[string]string {
-	m := map[string]string{}
-	for _, kv := range cfg.Values() {
-		m[kv[0]] = kv[1]
-	}
-	return m
-}
-
 func TestParse(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -36,20 +27,20 @@ func TestParse(t *testing.T) {
 				"responses-per-second": "0", "requests-per-second": "0", "slip-ratio": "0",
 				"max-table-size": "100000", "report-only": "false",
 			},
-			zones: []string{"example.org."}, kernel: true,
+			zones: []string{"example.org."}, kernel: true, cookie: true,
 		},
 		{
 			name:  "README example",
 			input: "rrl . {\n responses-per-second 10\n}",
 			keys:  []string{"."},
 			want:  map[string]string{"responses-per-second": "10", "slip-ratio": "0"},
-			zones: []string{"."}, kernel: true,
+			zones: []string{"."}, kernel: true, cookie: true,
 		},
 		{
 			name:  "zones restrict",
 			input: "rrl example.org example.net",
 			keys:  []string{"."},
-			zones: []string{"example.org.", "example.net."}, kernel: true,
+			zones: []string{"example.org.", "example.net."}, kernel: true, cookie: true,
 		},
 		{
 			name: "every coredns/rrl directive",
@@ -74,21 +65,21 @@ func TestParse(t *testing.T) {
 				"referrals-per-second": "2", "errors-per-second": "1.5", "slip-ratio": "2",
 				"requests-per-second": "100", "max-table-size": "5000", "report-only": "true",
 			},
-			zones: []string{"."}, kernel: true,
+			zones: []string{"."}, kernel: true, cookie: true,
 		},
 		{
 			name:  "fractional window rounds up",
 			input: "rrl {\n window 2.5\n}",
 			keys:  []string{"."},
 			want:  map[string]string{"window": "3"},
-			zones: []string{"."}, kernel: true,
+			zones: []string{"."}, kernel: true, cookie: true,
 		},
 		{
 			name:  "max-table-size 0 is the default",
 			input: "rrl {\n max-table-size 0\n}",
 			keys:  []string{"."},
 			want:  map[string]string{"max-table-size": "100000"},
-			zones: []string{"."}, kernel: true,
+			zones: []string{"."}, kernel: true, cookie: true,
 		},
 		{
 			name: "library keywords",
@@ -111,13 +102,25 @@ func TestParse(t *testing.T) {
 				"total-requests-per-second": "5000", "reflection-ports": "0 123 11211",
 				"report-only": "false",
 			},
-			zones: []string{"."}, kernel: true,
+			zones: []string{"."}, kernel: true, cookie: true,
 		},
 		{
 			name:  "kernel filter off",
 			input: "rrl {\n kernel-filter off\n}",
 			keys:  []string{"."},
-			zones: []string{"."}, kernel: false,
+			zones: []string{"."}, kernel: false, cookie: true,
+		},
+		{
+			name:  "cookies off",
+			input: "rrl {\n cookies off\n}",
+			keys:  []string{"."},
+			zones: []string{"."}, kernel: true, cookie: false,
+		},
+		{
+			name:  "the last cookies line counts",
+			input: "rrl {\n cookies off\n cookies\n}",
+			keys:  []string{"."},
+			zones: []string{"."}, kernel: true, cookie: true,
 		},
 		{
 			name:  "cookies with a generated secret",
@@ -151,8 +154,8 @@ func TestParse(t *testing.T) {
 			if s.kernel != tc.kernel {
 				t.Errorf("kernel %v, want %v", s.kernel, tc.kernel)
 			}
-			if (s.cookies != nil) != tc.cookie {
-				t.Errorf("cookies %v, want %v", s.cookies != nil, tc.cookie)
+			if s.cookies != tc.cookie {
+				t.Errorf("cookies %v, want %v", s.cookies, tc.cookie)
 			}
 		})
 	}
@@ -164,20 +167,61 @@ func TestParseCookieSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.cookies[0] != 0x00 || s.cookies[15] != 0x0f || s.prev == nil || s.prev[0] != 0xf0 || s.prev[15] != 0xff {
-		t.Errorf("secrets %x %x", s.cookies, s.prev)
+	sec := s.cookieSecret()
+	if sec[0] != 0x00 || sec[15] != 0x0f || s.prev == nil || s.prev[0] != 0xf0 || s.prev[15] != 0xff {
+		t.Errorf("secrets %x %x", sec, s.prev)
 	}
-	a, b := caddy.NewTestController("dns", "rrl {\n cookies\n}"), caddy.NewTestController("dns", "rrl {\n cookies\n}")
-	sa, err := parse(a)
-	if err != nil {
-		t.Fatal(err)
+	// Without a SECRET (cookies unmentioned, or "cookies" alone) every block of
+	// every load in the process uses the process's generated secret: random, and
+	// the same after a reload, so that clients' cookies stay valid.
+	var got []rrl.CookieSecret
+	for _, in := range []string{"rrl", "rrl {\n cookies\n}", "rrl {\n responses-per-second 5\n}"} {
+		s, err := parse(caddy.NewTestController("dns", in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.cookies || s.secret != nil || s.prev != nil {
+			t.Errorf("%q: cookies %v, secret %v, previous %v; want on with the generated secret", in, s.cookies, s.secret != nil, s.prev != nil)
+		}
+		got = append(got, s.cookieSecret())
 	}
-	sb, err := parse(b)
-	if err != nil {
-		t.Fatal(err)
+	if got[0] == (rrl.CookieSecret{}) || got[0] != got[1] || got[1] != got[2] {
+		t.Errorf("generated secrets %x: want one random secret", got)
 	}
-	if *sa.cookies == *sb.cookies || *sa.cookies == (rrl.CookieSecret{}) {
-		t.Errorf("generated secrets %x and %x: want two different random ones", sa.cookies, sb.cookies)
+	if got[0] == sec {
+		t.Error("the generated secret is the configured one")
+	}
+}
+
+func TestParseCookieSecretNotShown(t *testing.T) {
+	// A malformed secret is refused without any of it in the error: the error is
+	// logged at start and at every reload.
+	const secret = "00112233445566778899aabbccddeeff"
+	for _, tc := range []struct{ name, args string }{
+		{"too short", secret[:30]},
+		{"too long", secret + "00"},
+		{"not hexadecimal", "zz" + secret[2:]},
+		{"bad previous", secret + " q" + secret[1:]},
+		{"three secrets", secret + " " + secret + " f" + secret[1:]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(caddy.NewTestController("dns", "rrl {\n cookies "+tc.args+"\n}"))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, "Testfile:2") {
+				t.Errorf("error %q does not name the line", msg)
+			}
+			// No run of 4 or more characters of any argument appears in it.
+			for _, arg := range strings.Fields(tc.args) {
+				for i := 0; i+4 <= len(arg); i++ {
+					if strings.Contains(msg, arg[i:i+4]) {
+						t.Fatalf("error %q contains %q of the secret", msg, arg[i:i+4])
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -220,6 +264,7 @@ func TestParseErrors(t *testing.T) {
 		{"rrl {\n cookies 00\n}", "32 hexadecimal digits"},
 		{"rrl {\n cookies zz0102030405060708090a0b0c0d0e0f\n}", "32 hexadecimal digits"},
 		{"rrl {\n cookies a b c\n}", "Wrong argument count"},
+		{"rrl {\n cookies off 000102030405060708090a0b0c0d0e0f\n}", "SECRET is not 32 hexadecimal digits"},
 		{"rrl {\n responses-per-second 5\n\n\n nope\n}", "Testfile:5"},
 		{"rrl\nrrl", "this plugin can only be used once per Server Block"},
 	} {
@@ -313,8 +358,55 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		// What parses builds a plugin.
-		if _, err := newPlugin(s); err != nil {
-			t.Fatalf("%q parsed but newPlugin failed: %v", body, err)
+		p := newPlugin(s)
+		if err := p.start(); err != nil {
+			t.Fatalf("%q parsed but the plugin did not start: %v", body, err)
 		}
+		p.close()
 	})
+}
+
+func TestDisagreement(t *testing.T) {
+	// What two server blocks on one address must agree on: the kernel filter's
+	// settings, and the cookies whatever the filter; with the filter off in both,
+	// the request limits are per block. Secrets are never shown.
+	const s1, s2 = "000102030405060708090a0b0c0d0e0f", "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff"
+	for _, tc := range []struct{ a, b, want string }{
+		{"", "", ""},
+		{"requests-per-second 100", "requests-per-second 100\n responses-per-second 5\n slip-ratio 2", ""},
+		{"requests-per-second 100", "requests-per-second 50", `requests-per-second ("100" and "50")`},
+		{"requests-per-second 100\n kernel-filter off", "requests-per-second 50\n kernel-filter off", ""},
+		{"requests-per-second 100", "requests-per-second 100\n kernel-filter off", "kernel-filter (on and off)"},
+		{"ipv4-prefix-length 24", "ipv4-prefix-length 16", `ipv4-prefix-length ("24" and "16")`},
+		{"ipv4-request-levels 32:1", "ipv4-request-levels 32:2", "ipv4-request-levels"},
+		{"source-port-factor 2", "", "source-port-factor"},
+		{"total-requests-per-second 1000", "", "total-requests-per-second"},
+		{"reflection-ports 0 123", "", "reflection-ports"},
+		{"exempt-clients 192.0.2.1", "", "exempt-clients"},
+		{"report-only", "", "report-only"},
+		{"cookies off", "", "cookies (off and on)"},
+		{"cookies off", "cookies off", ""},
+		{"cookies", "", ""},
+		{"cookies " + s1, "cookies " + s1, ""},
+		{"cookies " + s1, "", "the cookie secrets (not shown)"},
+		{"cookies " + s1, "cookies " + s2, "the cookie secrets (not shown)"},
+		{"cookies " + s1 + " " + s2, "cookies " + s1, "the cookie secrets (not shown)"},
+		{"cookies " + s1 + "\n kernel-filter off", "cookies " + s2 + "\n kernel-filter off", "the cookie secrets (not shown)"},
+	} {
+		a, err := parse(caddy.NewTestController("dns", "rrl {\n"+tc.a+"\n}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := parse(caddy.NewTestController("dns", "rrl {\n"+tc.b+"\n}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := disagreement(a, b)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%q / %q: disagreement %q, want %q", tc.a, tc.b, got, tc.want)
+		}
+		if strings.Contains(got, s1[:6]) || strings.Contains(got, s2[:6]) {
+			t.Errorf("%q / %q: disagreement %q shows a secret", tc.a, tc.b, got)
+		}
+	}
 }
