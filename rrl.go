@@ -632,6 +632,9 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 	switch {
 	case cfg.eventFunc == nil:
 		// Accounts keep their record bits until their next debit clears them.
+		if r.tracker != nil {
+			r.setEvents(r.tracker, false)
+		}
 	case r.tracker == nil:
 		r.tracker = newEventTracker(cfg)
 		st.events = r.tracker
@@ -652,5 +655,8 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 		r.statsMu.Unlock()
 	}
 	r.state.Store(st)
+	if st.events != nil {
+		r.setEvents(st.events, true) // a timer for episodes open while events were off
+	}
 	return fresh, nil
 }
