@@ -278,7 +278,9 @@ func (c *Config) SetValue(keyword, value string) error {
 	return nil
 }
 
-// SetNowFunc replaces the clock the RRL reads (time.Now by default); for tests.
+// SetNowFunc replaces the clock the RRL reads (time.Now by default); for tests. On such
+// a clock time passes only when Debit reads it, so limiting events come only with Debit
+// calls (no timer reports them in between).
 func (c *Config) SetNowFunc(now func() time.Time) { c.nowFunc = now }
 
 // SetEventFunc has the RRL and Limiter made from c report limiting events to fn (see

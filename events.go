@@ -257,7 +257,7 @@ const defaultEventsPerSecond = 10
 // eventTicks is the timer of an RRL's or Limiter's events, which reports what is due
 // when no traffic comes to do it. Its user serialises calls with its own mutex.
 type eventTicks struct {
-	after func(time.Duration, func()) eventTimer // afterFunc; tests replace it
+	after func(time.Duration, func()) eventTimer // afterFunc, or nil for no timer; tests replace it
 	timer eventTimer
 	armed bool // a tick is pending or running
 	off   bool // events were turned off: no more ticks

@@ -142,7 +142,7 @@ func New(cfg *Config) (*RRL, error) {
 	}
 	st := newState(cfg)
 	st.newTable(cfg.maxTableSize)
-	r.tracker = newEventTracker(cfg)
+	r.tracker = newEventTracker(cfg, r.nowFunc == nil)
 	st.events = r.tracker
 	r.state.Store(st)
 	r.scale.Store(uint64(FixedOne))
@@ -636,7 +636,7 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 			r.setEvents(r.tracker, false)
 		}
 	case r.tracker == nil:
-		r.tracker = newEventTracker(cfg)
+		r.tracker = newEventTracker(cfg, r.nowFunc == nil)
 		st.events = r.tracker
 	default:
 		r.tracker.mu.Lock()

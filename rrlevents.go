@@ -36,7 +36,9 @@ import (
 // on, for when the next start is due or the next sweep, at most a second ahead. So a
 // start is reported about a second after the first limited response and a stop at most
 // about a second after the account has recovered, whether or not queries keep coming.
-// The timer is the only goroutine events add; Update turning events off stops it. A
+// The timer is the only goroutine events add; Update turning events off stops it. An
+// RRL on a clock of its own (Config.SetNowFunc) has no timer: time passes when that
+// clock says, which only a Debit call reads, so its events come with Debit calls. A
 // pending timer keeps the RRL alive only until its episodes have ended (an account
 // recovers at most window seconds after its last debit), so an RRL dropped by its user
 // is not kept forever.
@@ -85,13 +87,16 @@ type trackRecord struct {
 	ev           LimitEvent
 }
 
-// newEventTracker returns a tracker for cfg, or nil when cfg sets no event function.
-func newEventTracker(cfg *Config) *eventTracker {
+// newEventTracker returns a tracker for cfg, or nil when cfg sets no event function;
+// timed tells whether it has a timer (the RRL is on the default clock).
+func newEventTracker(cfg *Config, timed bool) *eventTracker {
 	if cfg.eventFunc == nil {
 		return nil
 	}
 	ev := &eventTracker{fn: cfg.eventFunc, budget: eventBudget{perSec: cfg.eventsPerSec()}}
-	ev.ticks.after = afterFunc
+	if timed {
+		ev.ticks.after = afterFunc
+	}
 	ev.free = make([]uint16, 0, maxTracked-1)
 	for i := maxTracked - 1; i >= 1; i-- { // index 0 means no record
 		ev.free = append(ev.free, uint16(i))
@@ -207,7 +212,7 @@ func (r *RRL) sweep(ev *eventTracker, now Fixed) {
 // episode is open: for the earliest of the next sweep, the next start due and, when
 // events wait for the per-second bound, the next second. ev.mu is held.
 func (r *RRL) armLocked(ev *eventTracker, now Fixed) {
-	if ev.ticks.armed || ev.ticks.off {
+	if ev.ticks.armed || ev.ticks.off || ev.ticks.after == nil {
 		return
 	}
 	due, open := Fixed(ev.next.Load()), false
