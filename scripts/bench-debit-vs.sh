@@ -69,7 +69,12 @@ build() {
 }
 build "$base" base
 build "$new" new
-echo "base $(git -C "$repo" rev-parse --short "$base"), new ${new:-working tree} ($(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- || echo ', modified'))"
+if [ -n "$new" ]; then
+	newname=$(git -C "$repo" rev-parse --short "$new")
+else
+	newname="working tree ($(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- || echo ', modified'))"
+fi
+echo "base $(git -C "$repo" rev-parse --short "$base"), new $newname"
 echo "$runs runs each, -test.benchtime $benchtime -test.count 1 -test.cpu 1${CPU:+, pinned to CPU $CPU}; raw output in $out"
 
 pin=""
@@ -133,7 +138,9 @@ END {
 		delete q
 		for (k = 1; k <= m; k++) q[k] = t[2, row, k] / t[1, row, k]
 		cr = ((1, row) in bcpu && (2, row) in bcpu) ? sprintf("%.3f", bcpu[2, row] / bcpu[1, row]) : "-"
-		printf "%-18s %11.1f %11.1f %9.3f %8.3f %9.1f %11.1f %10s   allocs %s/%s\n", row, best[1, row], best[2, row],
-			best[2, row] / best[1, row], median(q, m), bcpu[1, row], bcpu[2, row], cr, allocs[1, row], allocs[2, row]
+		c1 = (1, row) in bcpu ? sprintf("%.1f", bcpu[1, row]) : "-"
+		c2 = (2, row) in bcpu ? sprintf("%.1f", bcpu[2, row]) : "-"
+		printf "%-18s %11.1f %11.1f %9.3f %8.3f %9s %11s %10s   allocs %s/%s\n", row, best[1, row], best[2, row],
+			best[2, row] / best[1, row], median(q, m), c1, c2, cr, allocs[1, row], allocs[2, row]
 	}
 }' "$out/base.txt" "$out/new.txt"
