@@ -26,16 +26,17 @@ import (
 //     than a tick behind, stores the fresh one. A goroutine reading often (a server
 //     under load) thus keeps the clock fresh for everyone.
 //   - When a sampling reader finds the shared reading more than two ticks behind
-//     while goroutines wait for a P, or the goroutine, woken late while goroutines
-//     wait for a P, finds it so twice in a row, the clock is late: every read reads
+//     while other goroutines wait for a P, or the goroutine, woken late while other
+//     goroutines wait for a P, finds it so twice in a row, the clock is late: every read reads
 //     the monotonic clock until the goroutine's ticks have come without such a wait
 //     for a hundred ticks' time (100 ms). This covers readers that just got a P back
 //     after other goroutines held it, and readers too rare to sample.
 //
-// Goroutines waiting for a P are counted with the runtime's metrics. When the
-// goroutine's tick comes late, it has taken the P of a goroutine the scheduler
-// preempted for it, which then waits: so a tick counts as starved only with more than
-// one waiting. One goroutine that reads the clock all the time on the only P (a server
+// Goroutines waiting for a P are counted with the runtime's metrics, and "other" means
+// more than one: when the goroutine's tick comes late, it has taken the P of a
+// goroutine the scheduler preempted for it, which then waits; when a reader finds the
+// reading two ticks old, the goroutine's timer has fired and it is likely the one
+// waiting. One goroutine that reads the clock all the time on the only P (a server
 // flooded with GOMAXPROCS 1) starves the ticking goroutine but keeps the reading fresh
 // itself, and reading the monotonic clock on every call would cost it a third of a
 // Debit for nothing. A sampling reader whose thread lost its CPU to another process
@@ -111,10 +112,10 @@ func coarseNanos() int64 {
 func sampleClock() int64 {
 	n := int64(time.Since(clockBase))
 	if behind := n - coarse.now.Load(); behind > int64(clockTick) {
-		if behind > clockLateTicks*int64(clockTick) && !coarse.late.Load() && goroutinesWaiting() > 0 {
+		if behind > clockLateTicks*int64(clockTick) && !coarse.late.Load() && goroutinesWaiting() > 1 {
 			// Nobody refreshed the reading for two ticks, the goroutine included,
-			// while goroutines wait for a P: it is starved, or about to be found
-			// so. Readers read the clock until its ticks come on time again.
+			// while others than it wait for a P: it is starved, or about to be
+			// found so. Readers read the clock until its ticks come on time again.
 			coarse.late.Store(true)
 		}
 		return refreshClock(n)
