@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"runtime/metrics"
+	"sync"
 	"sync/atomic"
 	"time"
 	_ "unsafe" // for go:linkname
@@ -24,11 +25,24 @@ import (
 //     reads the monotonic clock itself and, if the shared reading has fallen more
 //     than a tick behind, stores the fresh one. A goroutine reading often (a server
 //     under load) thus keeps the clock fresh for everyone.
-//   - When a sampling reader finds the shared reading more than two ticks behind, or
-//     the goroutine, woken late while goroutines wait for a P, finds it so twice in
-//     a row, the clock is late: every read reads the monotonic clock until the
-//     goroutine's ticks have come without such a wait for a hundred ticks in a row. This covers readers that just got
-//     a P back after other goroutines held it, and readers too rare to sample.
+//   - When a sampling reader finds the shared reading more than two ticks behind
+//     while other goroutines wait for a P, or the goroutine, woken late while other
+//     goroutines wait for a P, finds it so twice in a row, the clock is late: every read reads
+//     the monotonic clock until the goroutine's ticks have come without such a wait
+//     for a hundred ticks' time (100 ms). This covers readers that just got a P back
+//     after other goroutines held it, and readers too rare to sample.
+//
+// Goroutines waiting for a P are counted with the runtime's metrics, and "other" means
+// more than one: when the goroutine's tick comes late, it has taken the P of a
+// goroutine the scheduler preempted for it, which then waits; when a reader finds the
+// reading two ticks old, the goroutine's timer has fired and it is likely the one
+// waiting. One goroutine that reads the clock all the time on the only P (a server
+// flooded with GOMAXPROCS 1) starves the ticking goroutine but keeps the reading fresh
+// itself, and reading the monotonic clock on every call would cost it a third of a
+// Debit for nothing. A sampling reader whose thread lost its CPU to another process
+// finds the reading stale with no goroutine waiting: the operating system's doing,
+// which the sampling repairs, and which makes the clock late no more than a late tick
+// with none waiting does.
 //
 // Until the clock is first found late, a reader that has just got its P back may
 // read a time as old as the goroutine's wait for a P (tens of milliseconds under
@@ -55,7 +69,7 @@ const clockSampleMask = 63
 // clock counts as late.
 const clockLateTicks = 2
 
-// clockRecoverTicks is how many ticks in a row without starving end lateness.
+// clockRecoverTicks is how many ticks' time without a starved tick ends lateness.
 const clockRecoverTicks = 100
 
 var coarse struct {
@@ -98,15 +112,35 @@ func coarseNanos() int64 {
 func sampleClock() int64 {
 	n := int64(time.Since(clockBase))
 	if behind := n - coarse.now.Load(); behind > int64(clockTick) {
-		if behind > clockLateTicks*int64(clockTick) && !coarse.late.Load() {
-			// Nobody refreshed the reading for two ticks, the goroutine included:
-			// it is starved, or about to be found so. Readers read the clock
-			// until its ticks come on time again.
+		if behind > clockLateTicks*int64(clockTick) && !coarse.late.Load() && goroutinesWaiting() > 1 {
+			// Nobody refreshed the reading for two ticks, the goroutine included,
+			// while others than it wait for a P: it is starved, or about to be
+			// found so. Readers read the clock until its ticks come on time again.
 			coarse.late.Store(true)
 		}
 		return refreshClock(n)
 	}
 	return n
+}
+
+// waiting holds the sample of goroutinesWaiting.
+var waiting struct {
+	mu     sync.Mutex
+	sample [1]metrics.Sample
+}
+
+// goroutinesWaiting returns the number of goroutines waiting for a P. It costs about
+// a microsecond: for the rare reads and ticks that find the clock behind.
+func goroutinesWaiting() uint64 {
+	waiting.mu.Lock()
+	defer waiting.mu.Unlock()
+	s := &waiting.sample[0]
+	s.Name = "/sched/goroutines/runnable:goroutines"
+	metrics.Read(waiting.sample[:])
+	if s.Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s.Value.Uint64()
 }
 
 // refreshClock stores n as the shared reading unless a later one is there already,
@@ -126,21 +160,18 @@ func refreshClock(n int64) int64 {
 func tickClock() {
 	t := time.NewTicker(clockTick)
 	defer t.Stop()
-	runnable := []metrics.Sample{{Name: "/sched/goroutines/runnable:goroutines"}}
-	idle, calm, stale := 0, 0, 0
+	idle, stale := 0, 0
 	prev := int64(time.Since(clockBase))
+	calmSince := prev // the end of the last starved tick
 	for range t.C {
 		n := int64(time.Since(clockBase))
 		// The tick came late while goroutines wait for a P: the Go scheduler held
 		// this goroutine back, and holds readers back the same way. A late tick
 		// with none waiting is the operating system's doing (or a pause of the
 		// whole process), which reading the clock on every call would not cure for
-		// the readers, which waited as well.
-		starved := false
-		if n-prev > clockLateTicks*int64(clockTick) {
-			metrics.Read(runnable)
-			starved = runnable[0].Value.Kind() == metrics.KindUint64 && runnable[0].Value.Uint64() > 0
-		}
+		// the readers, which waited as well. One waiting is the goroutine whose P
+		// this one took, if it had to be preempted for it.
+		starved := n-prev > clockLateTicks*int64(clockTick) && goroutinesWaiting() > 1
 		prev = n
 		// Starved with the shared reading stale makes the clock late: readers that
 		// sample often enough keep the reading fresh without this goroutine, and
@@ -153,12 +184,12 @@ func tickClock() {
 			if stale++; stale >= 2 {
 				coarse.late.Store(true)
 			}
-			calm = 0
+			calmSince = n
 		case starved:
-			stale, calm = 0, 0
+			stale, calmSince = 0, n
 		default:
 			stale = 0
-			if calm++; calm >= clockRecoverTicks && coarse.late.Load() {
+			if n-calmSince >= clockRecoverTicks*int64(clockTick) && coarse.late.Load() {
 				coarse.late.Store(false)
 			}
 		}

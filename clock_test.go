@@ -120,6 +120,28 @@ func TestCoarseClockSaturated(t *testing.T) {
 	}
 }
 
+// TestCoarseClockLateEndsUnharmed: one goroutine reading the clock all the time on
+// the only P starves the clock's goroutine but keeps the reading fresh itself, so a
+// late clock ends (after clockRecoverTicks ticks' time, 100 ms) instead of having
+// every read read the monotonic clock for as long as the load lasts.
+func TestCoarseClockLateEndsUnharmed(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	coarseNanos() // the ticking goroutine runs
+	coarse.late.Store(true)
+	start := time.Now()
+	var sink int64
+	for coarse.late.Load() {
+		if time.Since(start) > 2*time.Second {
+			t.Fatal("the clock is still late after 2 s of one goroutine reading it")
+		}
+		for range 10_000 {
+			sink += coarseNanos()
+		}
+	}
+	t.Logf("late for %v", time.Since(start))
+	_ = sink
+}
+
 // BenchmarkCoarseClock: what a read of the coarse clock costs, next to reading the
 // monotonic clock each time.
 func BenchmarkCoarseClock(b *testing.B) {

@@ -340,13 +340,16 @@ func (c *Config) SetValue(keyword, value string) error {
 	return nil
 }
 
-// SetNowFunc replaces the clock the RRL reads (time.Now by default); for tests.
+// SetNowFunc replaces the clock the RRL reads (time.Now by default); for tests. On such
+// a clock time passes only when Debit reads it, so limiting events come only with Debit
+// calls (no timer reports them in between).
 func (c *Config) SetNowFunc(now func() time.Time) { c.nowFunc = now }
 
 // SetEventFunc has the RRL and Limiter made from c report limiting events to fn (see
 // LimitEvent; SlogEvents logs them), and a Protection the kernel filter's too (see
 // Filter.WatchLimited); nil, the default, turns events off. fn is called
-// in the goroutine of a Debit, Allow or Update call, outside the limiter's locks, so it
+// in the goroutine of a Debit, Allow or Update call, or of the timer that reports
+// events when no traffic comes (see LimitEvent), outside the limiter's locks, so it
 // should be quick; it may call the limiter.
 func (c *Config) SetEventFunc(fn func(LimitEvent)) { c.eventFunc = fn }
 

@@ -20,6 +20,11 @@ import (
 // event's Suppressed. An account or group whose start was suppressed reports no stop.
 // Only a bounded number of episodes are followed at once (maxTracked for an RRL,
 // maxGroups for a Limiter); starts beyond that are suppressed too.
+//
+// Events are driven by time as well as by traffic: while an episode is open, a timer
+// reports what falls due when no query comes to do it, so a burst followed by silence
+// still has its start and its stop reported (rrlevents.go, limiterevents.go). Without
+// an event function there is no timer and Debit and Allow pay nothing for events.
 
 // LimitEvent reports that limiting of one account of an RRL, or of one source group of
 // a Limiter, started or stopped.
@@ -248,6 +253,42 @@ func SlogEvents(logger *slog.Logger) func(LimitEvent) {
 // defaultEventsPerSecond bounds the events an RRL or Limiter reports per second
 // unless Config.SetEventsPerSecond says otherwise.
 const defaultEventsPerSecond = 10
+
+// eventTicks is the timer of an RRL's or Limiter's events, which reports what is due
+// when no traffic comes to do it. Its user serialises calls with its own mutex.
+type eventTicks struct {
+	after func(time.Duration, func()) eventTimer // afterFunc, or nil for no timer; tests replace it
+	timer eventTimer
+	armed bool // a tick is pending or running
+	off   bool // events were turned off: no more ticks
+}
+
+// eventTimer is a pending tick (a *time.Timer).
+type eventTimer interface{ Stop() bool }
+
+func afterFunc(d time.Duration, f func()) eventTimer { return time.AfterFunc(d, f) }
+
+// Ticks come at least minEventTick and at most maxEventTick apart.
+const (
+	minEventTick = 10 * time.Millisecond
+	maxEventTick = time.Second
+)
+
+// arm has f called after d, within [minEventTick, maxEventTick].
+func (t *eventTicks) arm(d time.Duration, f func()) {
+	t.armed = true
+	t.timer = t.after(min(max(d, minEventTick), maxEventTick), f)
+}
+
+// stop turns the ticks off and stops a pending one.
+func (t *eventTicks) stop() {
+	t.off = true
+	if t.timer != nil {
+		t.timer.Stop()
+		t.timer = nil
+	}
+	t.armed = false
+}
 
 // eventBudget allows at most perSec events in each whole second of a clock in
 // nanoseconds and counts the others. Its user serialises calls.

@@ -20,9 +20,11 @@ func BenchmarkDebitEvents(b *testing.B) {
 		r := withEvents("responses-per-second", "1000000")
 		src := udpAddrs(1)[0]
 		b.ReportAllocs()
+		start := cpuTime()
 		for b.Loop() {
 			r.Debit(src, benchTuple)
 		}
+		reportCPU(b, start, 1)
 	})
 	b.Run("hot-limited", func(b *testing.B) {
 		// One account over its limit the whole time: followed, counted per debit.

@@ -51,6 +51,7 @@ func newEventRRL(t testing.TB, perSec int, kv ...string) (*RRL, *fakeClock, *eve
 	if err != nil {
 		t.Fatal(err)
 	}
+	manualTicks(r) // no timer reads the fake clock behind the test's back
 	return r, c, log
 }
 
@@ -236,6 +237,7 @@ func TestLimiterEvents(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		manualLimiterTicks(l) // the packets' clock is the test's: no real ticks
 		heavy := netip.MustParseAddrPort("192.0.2.77:4000")
 		light := netip.MustParseAddrPort("198.51.100.1:4001")
 		// 1000 packets per second from one address for 2 s; a light source alongside.
@@ -281,6 +283,7 @@ func TestLimiterEventsFlood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	manualLimiterTicks(l)
 	// 100,000 sources (256 per /24), each sending a burst of 10 packets within 10
 	// microseconds, over two seconds.
 	now := int64(time.Second)

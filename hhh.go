@@ -328,6 +328,9 @@ func (l *Limiter) Update(cfg *Config) error {
 	switch ev := l.events.Load(); {
 	case cfg.eventFunc == nil:
 		l.events.Store(nil)
+		if ev != nil {
+			ev.stopTicks()
+		}
 	case ev == nil:
 		l.events.Store(newGroupTracker(cfg))
 	default:

@@ -13,9 +13,15 @@ import (
 // A group starts being limited when a packet is limited by its node (the first node,
 // finest first, whose limit the packet's draw exceeded, as limiterVerdict.Limited).
 // The start is reported at once, with the group's estimated rate. It stops when the
-// group's estimated rate has fallen under its limit, found by a sweep that a call of
-// Allow, AllowAt or decideAt runs at most once per second of the packets' clock. The
-// sketches hold no addresses, so the group is named from the packet that started it.
+// group's estimated rate has fallen under its limit, found by a sweep that runs at
+// most once per second of the packets' clock: run by a call of Allow, AllowAt or
+// decideAt when it is due, and by a timer (time.AfterFunc) armed only while groups are
+// followed and events are on, so that a stop is reported at most about a second after
+// the rate fell, whether or not packets keep coming. The timer reads the packets' clock
+// as the last start or sweep read it plus the time the coarse clock says has passed
+// since. Update turning events off stops it; a pending timer keeps the Limiter alive
+// only until its groups' rates have fallen. The sketches hold no addresses, so the
+// group is named from the packet that started it.
 //
 // Packets limited in a group already followed cost one atomic load of a small
 // direct-mapped cache of recent groups; the tracker's mutex is taken only when that
@@ -39,6 +45,11 @@ type groupTracker struct {
 	fn     func(LimitEvent)
 	budget eventBudget
 	groups map[uint64]*groupRecord
+	ticks  eventTicks
+	// The packets' clock and the coarse clock at the last start or sweep, from which
+	// a tick reckons the packets' time.
+	pktAt, realAt int64
+	realNow       func() int64 // coarseNanos; tests replace it
 }
 
 // groupRecord is one limited group.
@@ -58,9 +69,11 @@ func newGroupTracker(cfg *Config) *groupTracker {
 		return nil
 	}
 	return &groupTracker{
-		fn:     cfg.eventFunc,
-		budget: eventBudget{perSec: cfg.eventsPerSec()},
-		groups: make(map[uint64]*groupRecord),
+		fn:      cfg.eventFunc,
+		budget:  eventBudget{perSec: cfg.eventsPerSec()},
+		groups:  make(map[uint64]*groupRecord),
+		ticks:   eventTicks{after: afterFunc},
+		realNow: coarseNanos,
 	}
 }
 
@@ -107,6 +120,8 @@ func (l *Limiter) limited(ev *groupTracker, p *limiterParams, n int, h uint64, s
 	}
 	ev.groups[k] = g
 	slot.Store(k)
+	ev.pktAt, ev.realAt = now, ev.realNow()
+	l.armLocked(ev)
 	var out []LimitEvent
 	if ev.budget.take(now) {
 		s := g.ev
@@ -158,9 +173,48 @@ func (l *Limiter) sweep(ev *groupTracker, now int64) {
 		out = append(out, e)
 		delete(ev.groups, k)
 	}
+	ev.pktAt, ev.realAt = now, ev.realNow()
+	l.armLocked(ev)
 	fn := ev.fn
 	ev.mu.Unlock()
 	for _, e := range out {
 		fn(e)
 	}
+}
+
+// armLocked arms ev's timer for the next sweep, unless it is armed already, events
+// are off or no group is followed. ev.mu is held.
+func (l *Limiter) armLocked(ev *groupTracker) {
+	if ev.ticks.armed || ev.ticks.off || len(ev.groups) == 0 {
+		return
+	}
+	d := time.Duration(ev.next.Load() - ev.tickNowLocked())
+	ev.ticks.arm(d, func() { l.eventTick(ev) })
+}
+
+// tickNowLocked is the packets' clock now as a tick reckons it. ev.mu is held.
+func (ev *groupTracker) tickNowLocked() int64 {
+	return ev.pktAt + max(ev.realNow()-ev.realAt, 0)
+}
+
+// eventTick is the timer's sweep, for when no packet came to run it.
+func (l *Limiter) eventTick(ev *groupTracker) {
+	ev.mu.Lock()
+	ev.ticks.armed = false
+	now := ev.tickNowLocked()
+	ev.mu.Unlock()
+	if l.events.Load() != ev { // events are off; Update stopped the timer
+		return
+	}
+	l.sweep(ev, now)
+	ev.mu.Lock()
+	l.armLocked(ev) // when the sweep was not due yet, or another one ran it
+	ev.mu.Unlock()
+}
+
+// stopTicks stops ev's timer for good: Update turned events off.
+func (ev *groupTracker) stopTicks() {
+	ev.mu.Lock()
+	ev.ticks.stop()
+	ev.mu.Unlock()
 }

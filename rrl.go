@@ -142,7 +142,7 @@ func New(cfg *Config) (*RRL, error) {
 	}
 	st := newState(cfg)
 	st.newTable(cfg.maxTableSize)
-	r.tracker = newEventTracker(cfg)
+	r.tracker = newEventTracker(cfg, r.nowFunc == nil)
 	st.events = r.tracker
 	r.state.Store(st)
 	r.scale.Store(uint64(FixedOne))
@@ -632,8 +632,11 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 	switch {
 	case cfg.eventFunc == nil:
 		// Accounts keep their record bits until their next debit clears them.
+		if r.tracker != nil {
+			r.setEvents(r.tracker, false)
+		}
 	case r.tracker == nil:
-		r.tracker = newEventTracker(cfg)
+		r.tracker = newEventTracker(cfg, r.nowFunc == nil)
 		st.events = r.tracker
 	default:
 		r.tracker.mu.Lock()
@@ -652,5 +655,8 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 		r.statsMu.Unlock()
 	}
 	r.state.Store(st)
+	if st.events != nil {
+		r.setEvents(st.events, true) // a timer for episodes open while events were off
+	}
 	return fresh, nil
 }

@@ -27,11 +27,21 @@ import (
 // Stop: an episode ends when the account is back at full credit (one second of credit,
 // no debt) — the same moment BIND resets the slip countdown. That is discovered
 // lazily, whichever comes first: by the account's next debit, which finds it at full
-// credit; or by the sweep, which a Debit call runs at most once per second of the
-// RRL's clock and which looks up every followed account in the table. The sweep also
-// ends the episodes of accounts that were evicted or whose table Update replaced
-// (Evicted). So a stop is reported at most about a second after the account has
-// recovered, provided the RRL keeps being called; an idle RRL reports nothing.
+// credit; or by the sweep, which runs at most once per second of the RRL's clock and
+// looks up every followed account in the table. The sweep also ends the episodes of
+// accounts that were evicted or whose table Update replaced (Evicted).
+//
+// Time drives the sweep as well as traffic: a Debit call runs it when it is due, and
+// so does a timer (time.AfterFunc), armed only while episodes are open and events are
+// on, for when the next start is due or the next sweep, at most a second ahead. So a
+// start is reported about a second after the first limited response and a stop at most
+// about a second after the account has recovered, whether or not queries keep coming.
+// The timer is the only goroutine events add; Update turning events off stops it. An
+// RRL on a clock of its own (Config.SetNowFunc) has no timer: time passes when that
+// clock says, which only a Debit call reads, so its events come with Debit calls. A
+// pending timer keeps the RRL alive only until its episodes have ended (an account
+// recovers at most window seconds after its last debit), so an RRL dropped by its user
+// is not kept forever.
 
 // maxTracked is the number of limiting episodes an RRL follows at once; the tag's
 // record field also holds the untracked mark, untracked.
@@ -56,6 +66,7 @@ type eventTracker struct {
 	budget eventBudget
 	free   []uint16 // unused record indices
 	recs   [maxTracked]trackRecord
+	ticks  eventTicks
 }
 
 // trackRecord is one limiting episode. count is written by debits holding the
@@ -76,12 +87,16 @@ type trackRecord struct {
 	ev           LimitEvent
 }
 
-// newEventTracker returns a tracker for cfg, or nil when cfg sets no event function.
-func newEventTracker(cfg *Config) *eventTracker {
+// newEventTracker returns a tracker for cfg, or nil when cfg sets no event function;
+// timed tells whether it has a timer (the RRL is on the default clock).
+func newEventTracker(cfg *Config, timed bool) *eventTracker {
 	if cfg.eventFunc == nil {
 		return nil
 	}
 	ev := &eventTracker{fn: cfg.eventFunc, budget: eventBudget{perSec: cfg.eventsPerSec()}}
+	if timed {
+		ev.ticks.after = afterFunc
+	}
 	ev.free = make([]uint16, 0, maxTracked-1)
 	for i := maxTracked - 1; i >= 1; i-- { // index 0 means no record
 		ev.free = append(ev.free, uint16(i))
@@ -164,6 +179,7 @@ func (r *RRL) transition(p *rrlState, s *shard, key uint64, t transition, now Fi
 				e.Name = strings.Clone(tuple.SalientName)
 			}
 		}
+		r.armLocked(ev, now)
 	}
 }
 
@@ -184,11 +200,68 @@ func (r *RRL) sweep(ev *eventTracker, now Fixed) {
 	}
 	ev.mu.Lock()
 	out := ev.dueLocked(now, r)
+	r.armLocked(ev, now)
 	fn := ev.fn
 	ev.mu.Unlock()
 	for _, e := range out {
 		fn(e)
 	}
+}
+
+// armLocked arms ev's timer, unless it is armed already or events are off, when an
+// episode is open: for the earliest of the next sweep, the next start due and, when
+// events wait for the per-second bound, the next second. ev.mu is held.
+func (r *RRL) armLocked(ev *eventTracker, now Fixed) {
+	if ev.ticks.armed || ev.ticks.off || ev.ticks.after == nil {
+		return
+	}
+	due, open := Fixed(ev.next.Load()), false
+	for i := range ev.recs {
+		rec := &ev.recs[i]
+		if !rec.used {
+			continue
+		}
+		open = true
+		switch {
+		case rec.ended:
+			// Waiting for the budget: the next second of the clock.
+			sec := (fixedNanos(now-clockOffset)/int64(time.Second) + 1) * int64(time.Second)
+			due = min(due, FixedFromNanos(sec)+clockOffset)
+		case rec.filled && !rec.reported && !rec.suppressed:
+			due = min(due, rec.start+FixedOne)
+		}
+	}
+	if !open {
+		return
+	}
+	var d time.Duration
+	if due > now {
+		d = time.Duration(fixedNanos(due - now))
+	}
+	ev.ticks.arm(d, func() { r.eventTick(ev) })
+}
+
+// eventTick is the timer's sweep: it reports what is due when no Debit came to do it.
+func (r *RRL) eventTick(ev *eventTracker) {
+	ev.mu.Lock()
+	ev.ticks.armed = false
+	ev.mu.Unlock()
+	if r.state.Load().events != ev { // events are off; Update stopped the timer
+		return
+	}
+	r.sweep(ev, r.clock(r.timeNow())) // arms the timer again while episodes are open
+}
+
+// setEvents turns ev's timer on (with events on) or off, for Update.
+func (r *RRL) setEvents(ev *eventTracker, on bool) {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if !on {
+		ev.ticks.stop()
+		return
+	}
+	ev.ticks.off = false
+	r.armLocked(ev, r.clock(r.timeNow()))
 }
 
 // checkAccounts ends the episodes of followed accounts that are back at full credit,

@@ -260,11 +260,16 @@ func (s *shard) evict(key uint64, gap int) *entry {
 		e.claim(key)
 		return e
 	}
-	// Beyond the gap. Removing it may shift an entry of key's run back to its
-	// own home across the end of the table, so look for key's first empty slot
-	// again.
-	s.remove(victim)
-	e := &slots[free(slots, key)]
+	// Beyond the gap. Removing it shifts entries back only from the victim up to
+	// the next empty slot; unless that stretch wraps round the table to key's
+	// home, key's run and the gap are as they were. (If it does, an entry of
+	// key's run may have moved back across the end of the table: look for key's
+	// first empty slot again.)
+	at := gap
+	if scanned := s.remove(victim); scanned >= (home(key, n)-victim+n)%n {
+		at = free(slots, key)
+	}
+	e := &slots[at]
 	e.claim(key)
 	s.live++
 	return e
@@ -274,13 +279,14 @@ func (s *shard) evict(key uint64, gap int) *entry {
 // every entry stays reachable from its home slot without tombstones. Every entry
 // it overwrites or moves is locked first; a moved entry's copy is complete before
 // its tag makes it visible, and its old slot stays locked until it is overwritten
-// or emptied in turn.
-func (s *shard) remove(i int) {
+// or emptied in turn. It returns how many slots after i it looked at.
+func (s *shard) remove(i int) (scanned int) {
 	slots := s.entries()
 	n := len(slots)
 	lockEntry(&slots[i])
 	j := i
 	for {
+		scanned++
 		if j++; j == n {
 			j = 0
 		}
@@ -299,6 +305,7 @@ func (s *shard) remove(i int) {
 	slots[i].zero.store(0)
 	slots[i].tag.Store(0)
 	s.live--
+	return scanned
 }
 
 // charge debits cost from an account whose tag and zero time are given (fresh when
