@@ -1,6 +1,7 @@
 package rrl
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net/netip"
@@ -143,15 +144,234 @@ func NewConfig() *Config {
 // ConfigKeywords lists every keyword SetValue accepts, in documentation order; a
 // program can register one command-line flag per keyword from it.
 func ConfigKeywords() []string {
-	return []string{
-		"window", "ipv4-prefix-length", "ipv6-prefix-length",
-		"responses-per-second", "nodata-per-second", "nxdomains-per-second",
-		"referrals-per-second", "errors-per-second", "requests-per-second",
-		"slip-ratio", "max-table-size",
-		"report-only", "exempt-clients", "all-per-second", "qps-scale",
-		"ipv4-request-levels", "ipv6-request-levels", "source-port-factor",
-		"total-requests-per-second", "reflection-ports", "cookie-secret",
+	out := make([]string, len(keywords))
+	for i, k := range keywords {
+		out[i] = k.name
 	}
+	return out
+}
+
+// keyword is one configuration keyword: how SetValue parses it into a Config and how
+// Values prints it back. Adding a keyword is adding one entry to keywords (and a line
+// to the Config doc); SetValue, ConfigKeywords, Values, the BIND clause parser, the
+// CoreDNS plugin's Corefile parser and the example server's flags follow from it.
+type keyword struct {
+	name string
+	// set parses the value (trimmed of spaces) into c; its error is the reason.
+	set func(c *Config, v string) error
+	// get prints c's value, false when it is left out (an unset allowance).
+	get func(c *Config) (string, bool)
+	// secret marks a value never printed nor quoted in an error.
+	secret bool
+	// bind is the spelling of BIND 9's rate-limit option of the same meaning, "" for
+	// this package's extensions (accepted in a BIND clause under their own name).
+	bind string
+	// example is a valid value other than the default, for tests.
+	example string
+}
+
+// keywords is the table of configuration keywords, in documentation order. The
+// prefix lengths come before the request levels, which are checked against them:
+// with the default levels (two), a prefix length can always be set.
+var keywords = []keyword{
+	intKeyword("window", 1, 3600, func(c *Config) *int64 { return &c.window }, "window", "5"),
+	prefixKeyword("ipv4-prefix-length", 32),
+	prefixKeyword("ipv6-prefix-length", 128),
+	rateKeyword("responses-per-second", func(c *Config) (*float64, *bool) { return &c.responsesPerSecond, nil }, "responses-per-second"),
+	rateKeyword("nodata-per-second", func(c *Config) (*float64, *bool) { return &c.nodataPerSecond, &c.nodataSet }, "nodata-per-second"),
+	rateKeyword("nxdomains-per-second", func(c *Config) (*float64, *bool) { return &c.nxdomainsPerSecond, &c.nxdomainsSet }, "nxdomains-per-second"),
+	rateKeyword("referrals-per-second", func(c *Config) (*float64, *bool) { return &c.referralsPerSecond, &c.referralsSet }, "referrals-per-second"),
+	rateKeyword("errors-per-second", func(c *Config) (*float64, *bool) { return &c.errorsPerSecond, &c.errorsSet }, "errors-per-second"),
+	rateKeyword("requests-per-second", func(c *Config) (*float64, *bool) { return &c.requestsPerSecond, nil }, ""),
+	{name: "slip-ratio", bind: "slip", example: "3",
+		set: func(c *Config, v string) (err error) { c.slipRatio, err = parseInt(v, 0, 10); return err },
+		get: func(c *Config) (string, bool) { return strconv.Itoa(c.slipRatio), true }},
+	{name: "max-table-size", bind: "max-table-size", example: "5000",
+		set: func(c *Config, v string) error {
+			n, err := parseInt(v, 0, maxTableSize)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				n = defaultTable
+			}
+			c.maxTableSize = n
+			return nil
+		},
+		get: func(c *Config) (string, bool) { return strconv.Itoa(c.maxTableSize), true }},
+	{name: "report-only", bind: "log-only", example: "true",
+		set: func(c *Config, v string) error {
+			b := true
+			if v != "" {
+				var err error
+				if b, err = strconv.ParseBool(v); err != nil {
+					return errors.New("want true or false")
+				}
+			}
+			c.reportOnly = b
+			return nil
+		},
+		get: func(c *Config) (string, bool) { return strconv.FormatBool(c.reportOnly), true }},
+	{name: "exempt-clients", bind: "exempt-clients", example: "192.0.2.0/24 2001:db8::1/128",
+		set: func(c *Config, v string) (err error) {
+			p, err := parsePrefixes(v)
+			if err == nil {
+				c.exempt = p
+			}
+			return err
+		},
+		get: func(c *Config) (string, bool) {
+			s := make([]string, len(c.exempt))
+			for i, p := range c.exempt {
+				s[i] = p.String()
+			}
+			return strings.Join(s, " "), true
+		}},
+	rateKeyword("all-per-second", func(c *Config) (*float64, *bool) { return &c.allPerSecond, nil }, "all-per-second"),
+	rateKeyword("qps-scale", func(c *Config) (*float64, *bool) { return &c.qpsScale, nil }, "qps-scale"),
+	levelsKeyword("ipv4-request-levels", 32, "32:1 24:4"),
+	levelsKeyword("ipv6-request-levels", 128, "128:1 48:2"),
+	{name: "source-port-factor", example: "2",
+		set: func(c *Config, v string) (err error) {
+			f, err := parseFactor(v)
+			if err == nil {
+				c.sourcePortFactor = f
+			}
+			return err
+		},
+		get: func(c *Config) (string, bool) { return formatNum(c.sourcePortFactor), true }},
+	rateKeyword("total-requests-per-second", func(c *Config) (*float64, *bool) { return &c.totalRequests, nil }, ""),
+	{name: "reflection-ports", example: "0 19",
+		set: func(c *Config, v string) error {
+			ports, err := parsePorts(v)
+			if err != nil {
+				return err
+			}
+			if len(ports) > maxReflectionPorts {
+				// The classic prefilter compares the source port with each of them.
+				return fmt.Errorf("%d ports, at most %d", len(ports), maxReflectionPorts)
+			}
+			c.reflectionPorts = ports
+			return nil
+		},
+		get: func(c *Config) (string, bool) {
+			s := make([]string, len(c.reflectionPorts))
+			for i, p := range c.reflectionPorts {
+				s[i] = strconv.Itoa(int(p))
+			}
+			return strings.Join(s, " "), true
+		}},
+	{name: "cookie-secret", secret: true, example: "000102030405060708090a0b0c0d0e0f",
+		set: func(c *Config, v string) (err error) {
+			cs, err := parseSecrets(v)
+			if err == nil {
+				c.secrets = cs
+			}
+			return err
+		},
+		get: func(c *Config) (string, bool) { return redacted, c.secrets != nil }},
+}
+
+func formatNum(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// intKeyword is an integer between lo and hi.
+func intKeyword(name string, lo, hi int, field func(*Config) *int64, bind, example string) keyword {
+	return keyword{name: name, bind: bind, example: example,
+		set: func(c *Config, v string) error {
+			n, err := parseInt(v, lo, hi)
+			if err == nil {
+				*field(c) = int64(n)
+			}
+			return err
+		},
+		get: func(c *Config) (string, bool) { return strconv.FormatInt(*field(c), 10), true }}
+}
+
+// rateKeyword is a rate; when field gives a set flag, the value is left out of
+// Values until set.
+func rateKeyword(name string, field func(*Config) (*float64, *bool), bind string) keyword {
+	return keyword{name: name, bind: bind, example: "7",
+		set: func(c *Config, v string) error {
+			r, err := parseRate(v)
+			if err != nil {
+				return err
+			}
+			f, set := field(c)
+			*f = r
+			if set != nil {
+				*set = true
+			}
+			return nil
+		},
+		get: func(c *Config) (string, bool) {
+			f, set := field(c)
+			return formatNum(*f), set == nil || *set
+		}}
+}
+
+// prefixKeyword is the client network's prefix length of the family of bitLen bits.
+func prefixKeyword(name string, bitLen int) keyword {
+	return keyword{name: name, bind: name, example: strconv.Itoa(bitLen / 2),
+		set: func(c *Config, v string) error {
+			n, err := parseInt(v, 1, bitLen)
+			if err != nil {
+				return err
+			}
+			levels, cn := c.familyLevels(bitLen)
+			if err := checkLevelCount(*levels, n); err != nil {
+				return err
+			}
+			*cn = n
+			return nil
+		},
+		get: func(c *Config) (string, bool) {
+			_, cn := c.familyLevels(bitLen)
+			return strconv.Itoa(*cn), true
+		}}
+}
+
+// levelsKeyword is the request levels of the family of bitLen bits.
+func levelsKeyword(name string, bitLen int, example string) keyword {
+	return keyword{name: name, example: example,
+		set: func(c *Config, v string) error {
+			parsed, err := parseLevels(v, bitLen)
+			if err != nil {
+				return err
+			}
+			levels, cn := c.familyLevels(bitLen)
+			if err := checkLevelCount(parsed, *cn); err != nil {
+				return err
+			}
+			*levels = parsed
+			return nil
+		},
+		get: func(c *Config) (string, bool) {
+			levels, _ := c.familyLevels(bitLen)
+			s := make([]string, len(*levels))
+			for i, l := range *levels {
+				s[i] = strconv.Itoa(l.PrefixLen) + ":" + formatNum(l.Factor)
+			}
+			return strings.Join(s, " "), true
+		}}
+}
+
+// familyLevels returns the request levels and client-network prefix length of the
+// family of bitLen bits (32: IPv4, 128: IPv6).
+func (c *Config) familyLevels(bitLen int) (*[]RequestLevel, *int) {
+	if bitLen == 32 {
+		return &c.ipv4Levels, &c.ipv4PrefixLength
+	}
+	return &c.ipv6Levels, &c.ipv6PrefixLength
+}
+
+// lookupKeyword returns the table entry of name.
+func lookupKeyword(name string) (keyword, bool) {
+	for _, k := range keywords {
+		if k.name == name {
+			return k, true
+		}
+	}
+	return keyword{}, false
 }
 
 // configSecrets are the cookie secrets of a Config: the current one and, if any,
@@ -208,135 +428,19 @@ func (e *ConfigError) Error() string {
 
 // SetValue sets the keyword to value. See Config for the keywords and their ranges.
 func (c *Config) SetValue(keyword, value string) error {
-	bad := func(reason string) error { return &ConfigError{keyword, value, reason} }
-	arg := strings.TrimSpace(value)
-	switch keyword {
-	case "window":
-		n, err := parseInt(arg, 1, 3600)
-		if err != nil {
-			return bad(err.Error())
-		}
-		c.window = int64(n)
-	case "ipv4-prefix-length", "ipv6-prefix-length":
-		limit := 32
-		if keyword == "ipv6-prefix-length" {
-			limit = 128
-		}
-		n, err := parseInt(arg, 1, limit)
-		if err != nil {
-			return bad(err.Error())
-		}
-		levels := c.ipv4Levels
-		if limit == 128 {
-			levels = c.ipv6Levels
-		}
-		if err := checkLevelCount(levels, n); err != nil {
-			return bad(err.Error())
-		}
-		if limit == 32 {
-			c.ipv4PrefixLength = n
-		} else {
-			c.ipv6PrefixLength = n
-		}
-	case "responses-per-second", "nodata-per-second", "nxdomains-per-second",
-		"referrals-per-second", "errors-per-second", "requests-per-second",
-		"all-per-second", "qps-scale", "total-requests-per-second":
-		r, err := parseRate(arg)
-		if err != nil {
-			return bad(err.Error())
-		}
-		switch keyword {
-		case "responses-per-second":
-			c.responsesPerSecond = r
-		case "nodata-per-second":
-			c.nodataPerSecond, c.nodataSet = r, true
-		case "nxdomains-per-second":
-			c.nxdomainsPerSecond, c.nxdomainsSet = r, true
-		case "referrals-per-second":
-			c.referralsPerSecond, c.referralsSet = r, true
-		case "errors-per-second":
-			c.errorsPerSecond, c.errorsSet = r, true
-		case "requests-per-second":
-			c.requestsPerSecond = r
-		case "all-per-second":
-			c.allPerSecond = r
-		case "qps-scale":
-			c.qpsScale = r
-		case "total-requests-per-second":
-			c.totalRequests = r
-		}
-	case "slip-ratio":
-		n, err := parseInt(arg, 0, 10)
-		if err != nil {
-			return bad(err.Error())
-		}
-		c.slipRatio = n
-	case "max-table-size":
-		n, err := parseInt(arg, 0, maxTableSize)
-		if err != nil {
-			return bad(err.Error())
-		}
-		if n == 0 {
-			n = defaultTable
-		}
-		c.maxTableSize = n
-	case "report-only":
-		b := true
-		if arg != "" {
-			var err error
-			if b, err = strconv.ParseBool(arg); err != nil {
-				return bad("want true or false")
-			}
-		}
-		c.reportOnly = b
-	case "exempt-clients":
-		p, err := parsePrefixes(arg)
-		if err != nil {
-			return bad(err.Error())
-		}
-		c.exempt = p
-	case "ipv4-request-levels", "ipv6-request-levels":
-		bitsLen, cn := 32, c.ipv4PrefixLength
-		if keyword == "ipv6-request-levels" {
-			bitsLen, cn = 128, c.ipv6PrefixLength
-		}
-		levels, err := parseLevels(arg, bitsLen)
-		if err != nil {
-			return bad(err.Error())
-		}
-		if err := checkLevelCount(levels, cn); err != nil {
-			return bad(err.Error())
-		}
-		if bitsLen == 32 {
-			c.ipv4Levels = levels
-		} else {
-			c.ipv6Levels = levels
-		}
-	case "source-port-factor":
-		f, err := parseFactor(arg)
-		if err != nil {
-			return bad(err.Error())
-		}
-		c.sourcePortFactor = f
-	case "reflection-ports":
-		ports, err := parsePorts(arg)
-		if err != nil {
-			return bad(err.Error())
-		}
-		if len(ports) > maxReflectionPorts {
-			// The classic prefilter compares the source port with each of them.
-			return bad(fmt.Sprintf("%d ports, at most %d", len(ports), maxReflectionPorts))
-		}
-		c.reflectionPorts = ports
-	case "cookie-secret":
-		cs, err := parseSecrets(arg)
-		if err != nil {
-			return &ConfigError{keyword, redacted, err.Error()}
-		}
-		c.secrets = cs
-	default:
+	k, ok := lookupKeyword(keyword)
+	if !ok {
 		return &ConfigError{keyword, value, "unknown keyword"}
 	}
+	// Parse into a copy so that a refused value leaves c unchanged.
+	d := *c
+	if err := k.set(&d, strings.TrimSpace(value)); err != nil {
+		if k.secret {
+			value = redacted
+		}
+		return &ConfigError{keyword, value, err.Error()}
+	}
+	*c = d
 	return nil
 }
 
@@ -565,68 +669,24 @@ func parsePorts(s string) ([]uint16, error) {
 // Values returns c as keyword and value pairs: SetValue applied to NewConfig() with
 // them, in order, gives a Config equal to c, but for its cookie secret, which is
 // shown as cookie-secret [redacted] when configured. Tools print it.
-func (c *Config) Values() [][2]string {
-	out := configPairs(c)
-	if c.secrets != nil {
-		out = append(out, [2]string{"cookie-secret", redacted})
-	}
-	return out
-}
+func (c *Config) Values() [][2]string { return c.pairs(true) }
 
 // configPairs returns keyword, value pairs that, applied with SetValue to NewConfig()
 // in order, give a Config equal to c (but for its clock and its cookie secret, which
-// is left out: the pinned filter stores these pairs as text). Prefix lengths come before
-// the request levels, which are checked against them: with the default levels
-// (two), a prefix length can always be set.
-func configPairs(c *Config) [][2]string {
-	num := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-	levels := func(ls []RequestLevel) string {
-		s := make([]string, len(ls))
-		for i, l := range ls {
-			s[i] = strconv.Itoa(l.PrefixLen) + ":" + num(l.Factor)
+// is left out: the pinned filter stores these pairs as text).
+func configPairs(c *Config) [][2]string { return c.pairs(false) }
+
+// pairs returns c's keyword, value pairs in table order; secrets, shown redacted,
+// only when withSecrets.
+func (c *Config) pairs(withSecrets bool) [][2]string {
+	var out [][2]string
+	for _, k := range keywords {
+		if k.secret && !withSecrets {
+			continue
 		}
-		return strings.Join(s, " ")
-	}
-	out := [][2]string{
-		{"window", strconv.FormatInt(c.window, 10)},
-		{"ipv4-prefix-length", strconv.Itoa(c.ipv4PrefixLength)},
-		{"ipv6-prefix-length", strconv.Itoa(c.ipv6PrefixLength)},
-		{"responses-per-second", num(c.responsesPerSecond)},
-	}
-	for _, o := range []struct {
-		kw  string
-		v   float64
-		set bool
-	}{
-		{"nodata-per-second", c.nodataPerSecond, c.nodataSet},
-		{"nxdomains-per-second", c.nxdomainsPerSecond, c.nxdomainsSet},
-		{"referrals-per-second", c.referralsPerSecond, c.referralsSet},
-		{"errors-per-second", c.errorsPerSecond, c.errorsSet},
-	} {
-		if o.set {
-			out = append(out, [2]string{o.kw, num(o.v)})
+		if v, ok := k.get(c); ok {
+			out = append(out, [2]string{k.name, v})
 		}
 	}
-	exempt := make([]string, len(c.exempt))
-	for i, p := range c.exempt {
-		exempt[i] = p.String()
-	}
-	ports := make([]string, len(c.reflectionPorts))
-	for i, p := range c.reflectionPorts {
-		ports[i] = strconv.Itoa(int(p))
-	}
-	return append(out, [][2]string{
-		{"requests-per-second", num(c.requestsPerSecond)},
-		{"slip-ratio", strconv.Itoa(c.slipRatio)},
-		{"max-table-size", strconv.Itoa(c.maxTableSize)},
-		{"report-only", strconv.FormatBool(c.reportOnly)},
-		{"exempt-clients", strings.Join(exempt, " ")},
-		{"all-per-second", num(c.allPerSecond)},
-		{"qps-scale", num(c.qpsScale)},
-		{"ipv4-request-levels", levels(c.ipv4Levels)},
-		{"ipv6-request-levels", levels(c.ipv6Levels)},
-		{"source-port-factor", num(c.sourcePortFactor)},
-		{"total-requests-per-second", num(c.totalRequests)},
-		{"reflection-ports", strings.Join(ports, " ")},
-	}...)
+	return out
 }
