@@ -124,21 +124,26 @@ func FormatBINDRateLimit(cfg *Config) string {
 	return b.String()
 }
 
-// bindOptions maps the BIND options that take one integer to their keywords here.
-var bindOptions = map[string]string{
-	"responses-per-second": "responses-per-second",
-	"referrals-per-second": "referrals-per-second",
-	"nodata-per-second":    "nodata-per-second",
-	"nxdomains-per-second": "nxdomains-per-second",
-	"errors-per-second":    "errors-per-second",
-	"all-per-second":       "all-per-second",
-	"qps-scale":            "qps-scale",
-	"window":               "window",
-	"ipv4-prefix-length":   "ipv4-prefix-length",
-	"ipv6-prefix-length":   "ipv6-prefix-length",
-	"max-table-size":       "max-table-size",
-	"slip":                 "slip-ratio",
-	"min-table-size":       "",
+// bindKeyword returns the keyword of the BIND option named name: a keyword whose
+// BIND spelling it is (bind true), or one of this package's extensions. A keyword
+// with a BIND spelling of its own is not accepted under this package's name.
+func bindKeyword(name string) (k keyword, bind, ok bool) {
+	for _, k := range keywords {
+		switch {
+		case k.bind == name:
+			return k, true, true
+		case k.bind == "" && k.name == name:
+			return k, false, true
+		}
+	}
+	return keyword{}, false, false
+}
+
+// bindBool reads a BIND boolean as SetValue's.
+func bindBool(v string) (string, bool) {
+	b, ok := map[string]string{"yes": "true", "true": "true", "1": "true",
+		"no": "false", "false": "false", "0": "false"}[strings.ToLower(v)]
+	return b, ok
 }
 
 // bindToken is a word, a quoted string (quoted true, without its quotes) or one of
@@ -316,31 +321,29 @@ func (p *bindParser) option(kw bindToken) error {
 		}
 		return nil
 	}
-	if keyword, ok := bindOptions[kw.text]; ok {
+	if kw.text == "min-table-size" {
+		// Accepted and ignored: see the top of this file.
 		if _, err := strconv.ParseUint(v.text, 10, 32); err != nil || v.quoted {
 			return p.errorf(v.line, "%s takes an integer, found %q", kw.text, v.text)
 		}
-		if keyword == "" { // min-table-size: see the top of this file
-			return nil
-		}
-		return set(keyword, v.text)
+		return nil
 	}
-	switch kw.text {
-	case "log-only":
-		b, ok := map[string]string{"yes": "true", "true": "true", "1": "true",
-			"no": "false", "false": "false", "0": "false"}[strings.ToLower(v.text)]
+	k, isBIND, ok := bindKeyword(kw.text)
+	switch {
+	case !ok:
+	case isBIND && k.fromBIND != nil:
+		b, ok := k.fromBIND(v.text)
 		if !ok || v.quoted {
-			return p.errorf(v.line, "log-only takes a boolean (yes or no), found %q", v.text)
+			return p.errorf(v.line, "%s takes a boolean (yes or no), found %q", kw.text, v.text)
 		}
-		return set("report-only", b)
-	case "report-only", "exempt-clients", "slip-ratio":
-		// This package's spellings of BIND options: only BIND's are accepted here.
+		return set(k.name, b)
+	case isBIND:
+		if _, err := strconv.ParseUint(v.text, 10, 32); err != nil || v.quoted {
+			return p.errorf(v.line, "%s takes an integer, found %q", kw.text, v.text)
+		}
+		return set(k.name, v.text)
 	default:
-		for _, k := range ConfigKeywords() {
-			if k == kw.text {
-				return set(k, v.text)
-			}
-		}
+		return set(k.name, v.text)
 	}
 	return p.errorf(kw.line, "unknown or unsupported option %q", kw.text)
 }

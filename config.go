@@ -166,6 +166,9 @@ type keyword struct {
 	// bind is the spelling of BIND 9's rate-limit option of the same meaning, "" for
 	// this package's extensions (accepted in a BIND clause under their own name).
 	bind string
+	// fromBIND converts a BIND value of the option to SetValue's; nil: BIND's
+	// integer, as it is.
+	fromBIND func(v string) (string, bool)
 	// example is a valid value other than the default, for tests.
 	example string
 }
@@ -199,7 +202,7 @@ var keywords = []keyword{
 			return nil
 		},
 		get: func(c *Config) (string, bool) { return strconv.Itoa(c.maxTableSize), true }},
-	{name: "report-only", bind: "log-only", example: "true",
+	{name: "report-only", bind: "log-only", example: "true", fromBIND: bindBool,
 		set: func(c *Config, v string) error {
 			b := true
 			if v != "" {
