@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,10 +132,14 @@ func joinHostPort(host, port string) string {
 //	    reflection-ports PORT...
 //	    kernel-filter on|off
 //	    cookies [off | SECRET [PREVIOUS]]
+//	    cookie-secret SECRET [PREVIOUS]
 //	}
 //
 // The first twelve are coredns/rrl's, with its defaults (slip-ratio 0: no slips) and
 // its checks; the others are this library's (see rrl.Config) and the plugin's own.
+// Every keyword of rrl.ConfigKeywords is a property, its arguments joined by spaces
+// being SetValue's value, so a keyword added to rrl.Config needs no change here;
+// cookie-secret is the cookies property's SECRET [PREVIOUS].
 func parse(c *caddy.Controller) (*settings, error) {
 	s := &settings{cfg: rrl.NewConfig(), kernel: true, cookies: true}
 	// coredns/rrl never slips unless asked to.
@@ -170,7 +175,8 @@ func (s *settings) property(c *caddy.Controller) error {
 	}
 	set := func(value string) error {
 		if err := s.cfg.SetValue(kw, value); err != nil {
-			return c.Errf("%s %q: %s", kw, value, reason(err))
+			// The error's value, not value: it is redacted for a secret.
+			return c.Errf("%s %q: %s", kw, errValue(err, value), reason(err))
 		}
 		return nil
 	}
@@ -193,15 +199,6 @@ func (s *settings) property(c *caddy.Controller) error {
 			return c.Errf("window %q: at most 3600 seconds", v)
 		}
 		return set(strconv.Itoa(int(math.Ceil(w))))
-	case "ipv4-prefix-length", "ipv6-prefix-length", "responses-per-second",
-		"nodata-per-second", "nxdomains-per-second", "referrals-per-second",
-		"errors-per-second", "requests-per-second", "slip-ratio",
-		"all-per-second", "qps-scale", "source-port-factor", "total-requests-per-second":
-		v, err := one()
-		if err != nil {
-			return err
-		}
-		return set(v)
 	case "max-table-size":
 		v, err := one()
 		if err != nil {
@@ -211,19 +208,6 @@ func (s *settings) property(c *caddy.Controller) error {
 			return c.Errf("max-table-size %q: cannot be negative", v)
 		}
 		return set(v)
-	case "report-only":
-		switch len(args) {
-		case 0:
-			return set("true")
-		case 1:
-			return set(args[0])
-		}
-		return c.ArgErr()
-	case "exempt-clients", "ipv4-request-levels", "ipv6-request-levels", "reflection-ports":
-		if len(args) == 0 {
-			return c.ArgErr()
-		}
-		return set(strings.Join(args, " "))
 	case "kernel-filter":
 		v, err := one()
 		if err != nil {
@@ -238,6 +222,20 @@ func (s *settings) property(c *caddy.Controller) error {
 			return c.Errf("kernel-filter %q: want on or off", v)
 		}
 		return nil
+	case "cookie-secret":
+		// rrl.Config's keyword, here the cookies property's SECRET [PREVIOUS], so that
+		// the blocks on one socket are checked to agree on it. The Config's error
+		// never quotes the secret.
+		if len(args) == 0 {
+			return c.ArgErr()
+		}
+		if err := rrl.NewConfig().SetValue(kw, strings.Join(args, " ")); err != nil {
+			return c.Errf("%s: %s (the value is not shown, as it may be a secret)", kw, reason(err))
+		}
+		for i, a := range args {
+			args[i] = strings.TrimPrefix(strings.TrimPrefix(a, "0x"), "0X")
+		}
+		fallthrough
 	case "cookies":
 		// Never quote an argument here: it may be a secret (one typo must not leak
 		// a fleet's secret into the log), so the errors say what is wrong only.
@@ -270,7 +268,45 @@ func (s *settings) property(c *caddy.Controller) error {
 		}
 		return nil
 	}
-	return c.Errf("unknown property '%s'", kw)
+	if !slices.Contains(rrl.ConfigKeywords(), kw) {
+		return c.Errf("unknown property '%s'", kw)
+	}
+	// Every other keyword of rrl.Config is a property of the same name whose
+	// arguments, joined by spaces, are its value (a list keyword takes several).
+	flag := isFlag(kw)
+	switch {
+	case len(args) == 0 && flag:
+		return set("true")
+	case len(args) == 0:
+		return c.ArgErr()
+	case len(args) > 1 && flag:
+		return c.ArgErr()
+	case len(args) > 1:
+		if err := s.cfg.SetValue(kw, strings.Join(args, " ")); err != nil &&
+			rrl.NewConfig().SetValue(kw, args[0]) == nil {
+			return c.ArgErr() // a keyword of one value, given several
+		}
+	}
+	return set(strings.Join(args, " "))
+}
+
+// isFlag reports whether the keyword is a boolean (report-only): true when given
+// without a value, as in coredns/rrl.
+func isFlag(kw string) bool {
+	for _, kv := range rrl.NewConfig().Values() {
+		if kv[0] == kw {
+			return kv[1] == "true" || kv[1] == "false"
+		}
+	}
+	return false
+}
+
+// errValue returns the value a Config error quotes (redacted for a secret), or v.
+func errValue(err error, v string) string {
+	if ce, ok := err.(*rrl.ConfigError); ok {
+		return ce.Value
+	}
+	return v
 }
 
 // reason returns the part of a Config error that says what is wrong with the value.

@@ -293,6 +293,8 @@ func TestParseEveryLibraryKeyword(t *testing.T) {
 		switch {
 		case kw == "exempt-clients":
 			v = "192.0.2.1" // empty by default
+		case kw == "cookie-secret":
+			v = "000102030405060708090a0b0c0d0e0f" // none by default
 		case v == "":
 			v = "1" // the category allowances are unset by default
 		}
@@ -407,6 +409,31 @@ func TestDisagreement(t *testing.T) {
 		}
 		if strings.Contains(got, s1[:6]) || strings.Contains(got, s2[:6]) {
 			t.Errorf("%q / %q: disagreement %q shows a secret", tc.a, tc.b, got)
+		}
+	}
+}
+
+func TestParseCookieSecretProperty(t *testing.T) {
+	// cookie-secret is the cookies property's SECRET [PREVIOUS]; its errors never
+	// quote the value.
+	const sec, prev = "000102030405060708090a0b0c0d0e0f", "0x101112131415161718191a1b1c1d1e1f"
+	s, err := parse(caddy.NewTestController("dns", "rrl {\n cookie-secret "+sec+" "+prev+"\n}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.cookies || s.secret == nil || s.prev == nil || s.secret[1] != 1 || s.prev[0] != 0x10 {
+		t.Errorf("cookie-secret %s %s: cookies %v, secret %v, previous %v", sec, prev, s.cookies, s.secret, s.prev)
+	}
+	for _, bad := range []string{"00010203040506070809zz0b0c0d0e0f", "0001020304050607", sec + " " + sec + " " + sec} {
+		_, err := parse(caddy.NewTestController("dns", "rrl {\n cookie-secret "+bad+"\n}"))
+		if err == nil {
+			t.Errorf("cookie-secret %s: accepted", bad)
+			continue
+		}
+		for _, f := range strings.Fields(bad) {
+			if strings.Contains(err.Error(), f[:8]) {
+				t.Errorf("cookie-secret %s: error %q quotes the secret", bad, err)
+			}
 		}
 	}
 }
