@@ -204,3 +204,63 @@ func TestDefaultReflectionPortsImmutable(t *testing.T) {
 		t.Error("after a caller's change the classic program differs")
 	}
 }
+
+// TestKeywordTable checks that each entry of the keyword table is all it takes for a
+// keyword: SetValue accepts its example, Values prints it back (a secret redacted),
+// ConfigKeywords lists it, and a BIND clause sets it under its BIND name or its own.
+func TestKeywordTable(t *testing.T) {
+	if got := ConfigKeywords(); len(got) != len(keywords) {
+		t.Fatalf("ConfigKeywords has %d keywords, the table %d", len(got), len(keywords))
+	}
+	for i, k := range keywords {
+		if ConfigKeywords()[i] != k.name {
+			t.Errorf("ConfigKeywords()[%d] = %s, want %s", i, ConfigKeywords()[i], k.name)
+		}
+		if k.example == "" {
+			t.Errorf("%s: no example value", k.name)
+			continue
+		}
+		c := NewConfig()
+		if def, ok := k.get(c); ok && def == k.example {
+			t.Errorf("%s: example %q is the default", k.name, k.example)
+		}
+		if err := c.SetValue(k.name, k.example); err != nil {
+			t.Errorf("%s %q: %v", k.name, k.example, err)
+			continue
+		}
+		want := k.example
+		if k.secret {
+			want = redacted
+		}
+		var printed string
+		for _, kv := range c.Values() {
+			if kv[0] == k.name {
+				printed = kv[1]
+			}
+		}
+		if printed != want {
+			t.Errorf("%s: Values prints %q, want %q", k.name, printed, want)
+		}
+		for _, kv := range configPairs(c) {
+			if k.secret && kv[0] == k.name {
+				t.Errorf("%s: in the pinned filter's pairs", k.name)
+			}
+		}
+
+		name, value := k.bind, k.example
+		switch {
+		case name == "":
+			name, value = k.name, `"`+value+`"`
+		case k.name == "exempt-clients":
+			value = "{ " + strings.Join(strings.Fields(value), "; ") + "; }"
+		}
+		got, err := ParseBINDRateLimit(name+" "+value+";", nil)
+		if err != nil {
+			t.Errorf("BIND %s %s: %v", name, value, err)
+			continue
+		}
+		if !slices.Equal(got.Values(), c.Values()) {
+			t.Errorf("BIND %s %s: Values %v, want %v", name, value, got.Values(), c.Values())
+		}
+	}
+}
