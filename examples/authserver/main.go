@@ -100,30 +100,37 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.demoDur, "demo-duration", 10*time.Second, "how long the -demo traffic runs")
 	fs.Float64Var(&o.demoRate, "demo-flood-rate", 10000, "flood packets per second in -demo")
 	fs.IntVar(&o.demoClients, "demo-clients", 8, "legitimate resolvers in -demo, 20 queries per second each")
+	// Every keyword of rrl.Config is a flag, found by rrl.ConfigKeywords: a keyword
+	// added to the library needs no change here.
 	check := rrl.NewConfig() // validates values as they are parsed
+	defaults := map[string]string{}
+	for _, kv := range check.Values() {
+		defaults[kv[0]] = kv[1]
+	}
 	for _, kw := range rrl.ConfigKeywords() {
 		set := func(v string) error {
 			if err := check.SetValue(kw, v); err != nil {
+				var ce *rrl.ConfigError
+				if errors.As(err, &ce) && ce.Value != v {
+					// A secret, which the error does not quote, but the flag
+					// package would: the error is given after parsing.
+					if o.secretErr == nil {
+						o.secretErr = err
+					}
+					return nil
+				}
 				return err
 			}
 			o.settings = append(o.settings, [2]string{kw, v})
 			return nil
 		}
 		usage := "rrl " + kw + " (see rrl.Config)"
-		switch kw {
-		case "report-only":
-			fs.BoolFunc(kw, usage, set)
-		case "cookie-secret":
-			// The flag package would quote a refused value in its message: the
-			// secret is checked here and its error, which never quotes it, given
-			// after parsing.
-			fs.Func(kw, "rrl cookie-secret: the site's server cookie secret, 32 hex digits (shown by ps: prefer cookie-secret in -bind-rate-limit FILE)", func(v string) error {
-				if err := set(v); err != nil && o.secretErr == nil {
-					o.secretErr = err
-				}
-				return nil
-			})
-		default:
+		if kw == "cookie-secret" {
+			usage = "rrl cookie-secret: the site's server cookie secret, 32 hex digits (shown by ps: prefer cookie-secret in -bind-rate-limit FILE)"
+		}
+		if d := defaults[kw]; d == "true" || d == "false" {
+			fs.BoolFunc(kw, usage, set) // report-only: -report-only alone is true
+		} else {
 			fs.Func(kw, usage, set)
 		}
 	}
