@@ -81,6 +81,12 @@ type Config struct {
 	totalRequests    float64
 	reflectionPorts  []uint16
 
+	// capacity is the capacity keyword: 0 off, capacityAuto, or queries per
+	// second (capacity.go). capLevel is not a keyword: the water level the
+	// capacity controller puts in force (0: none), see limiterParams.initCapacity.
+	capacity float64
+	capLevel float64
+
 	nowFunc         func() time.Time
 	eventFunc       func(LimitEvent)
 	eventsPerSecond int // 0: defaultEventsPerSecond
@@ -346,7 +352,8 @@ func (c *Config) allowance(cat AllowanceCategory) float64 {
 // requestLevels returns the prefix levels of one family (IPv4 when v4), finest first,
 // with the client-network level included, each with its limit in packets per second.
 // Levels with a zero limit are left out, so the result is empty when
-// requests-per-second is 0.
+// requests-per-second is 0, unless capacity is on: then every level with a factor
+// is kept, with an infinite limit when requests-per-second is 0.
 func (c *Config) requestLevels(v4 bool) []levelLimit {
 	levels, cn := c.ipv6Levels, c.ipv6PrefixLength
 	if v4 {
@@ -359,17 +366,24 @@ func (c *Config) requestLevels(v4 bool) []levelLimit {
 	slices.SortFunc(all, func(a, b RequestLevel) int { return b.PrefixLen - a.PrefixLen })
 	var out []levelLimit
 	for _, l := range all {
-		if r := l.Factor * c.requestsPerSecond; r > 0 {
-			out = append(out, levelLimit{l.PrefixLen, r})
+		r := l.Factor * c.requestsPerSecond
+		if r <= 0 && c.capacity != 0 && l.Factor > 0 {
+			// The capacity mode counts every level, limiting only under
+			// overload: without requests-per-second a level has no limit.
+			r = math.Inf(1)
+		}
+		if r > 0 {
+			out = append(out, levelLimit{l.PrefixLen, r, l.Factor})
 		}
 	}
 	return out
 }
 
-// levelLimit is a prefix length and its limit in packets per second.
+// levelLimit is a prefix length, its limit in packets per second and its factor.
 type levelLimit struct {
 	PrefixLen int
 	Limit     float64
+	Factor    float64
 }
 
 func parseInt(s string, lo, hi int) (int, error) {

@@ -107,6 +107,7 @@ type limiterParams struct {
 	levels     [2]int // active level nodes of IPv4 (nodes 0..levels[0]-1) and IPv6
 	exempt     prefixSet
 	reportOnly bool
+	capacity   capacityParams // capacity.go
 }
 
 // statShards spreads the counters over cache lines so that CPUs judging packets at
@@ -296,6 +297,7 @@ func newLimiterParams(cfg *Config) (*limiterParams, error) {
 	p.name[nodePort] = NodePort
 	p.limit[nodeTotal] = FixedFromFloat(cfg.totalRequests)
 	p.name[nodeTotal] = NodeTotal
+	p.initCapacity(cfg) // capacity.go
 	for n, limit := range p.limit {
 		p.trip[n] = tripCount(limit)
 	}
@@ -314,6 +316,7 @@ func (l *Limiter) Update(cfg *Config) error {
 	l.updateMu.Lock()
 	defer l.updateMu.Unlock()
 	old := l.params.Load()
+	p.keepLevel(old) // capacity.go: the water level in force stays
 	for n := range numNodes {
 		if old.prefix[n] != p.prefix[n] || old.name[n] != p.name[n] {
 			l.sketch[n].reset()
