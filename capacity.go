@@ -189,31 +189,40 @@ type fillCurve struct {
 	est    []float64 // the cells' estimates, heaviest first; empty cells left out
 	ratio  []float64 // ratio[i] = sum of rate/est over est[:i]; one more entry than est
 	suffix []float64 // suffix[i] = sum of the rates of est[i:]; one more entry than est
+	keys   []uint64  // sorting storage
 }
 
 // curveCell is one cell's estimate and arrival rate.
 type curveCell struct{ est, rate float64 }
 
-// newFillCurve makes the curve of cells (reordered in place), using buf's storage
-// when it is large enough.
+// newFillCurve makes the curve of cells (at most 4096; reordered in place), using
+// buf's storage when it is large enough.
 func newFillCurve(cells []curveCell, buf fillCurve) fillCurve {
-	slices.SortFunc(cells, func(a, b curveCell) int { return cmpRate(a.est, b.est) })
-	for len(cells) > 0 && !(cells[len(cells)-1].est > 0) {
-		cells = cells[:len(cells)-1]
+	// Sorted as integers: a positive float's bits order as the float does, and the
+	// low 12 bits (a 2^-40 share of the value) make room for the cell's index.
+	keys := slices.Grow(buf.keys[:0], len(cells))
+	for i, c := range cells {
+		if c.est > 0 {
+			keys = append(keys, math.Float64bits(c.est)&^0xfff|uint64(i&0xfff))
+		}
 	}
-	n := len(cells)
+	slices.Sort(keys)
+	n := len(keys)
 	c := fillCurve{
 		est:    slices.Grow(buf.est[:0], n)[:n],
 		ratio:  slices.Grow(buf.ratio[:0], n+1)[:n+1],
 		suffix: slices.Grow(buf.suffix[:0], n+1)[:n+1],
+		keys:   keys,
 	}
 	c.ratio[0], c.suffix[n] = 0, 0
-	for i, cell := range cells {
+	// Heaviest first: the keys from the end.
+	for i := range n {
+		cell := cells[keys[n-1-i]&0xfff]
 		c.est[i] = cell.est
 		c.ratio[i+1] = c.ratio[i] + cell.rate/cell.est
 	}
 	for i := n - 1; i >= 0; i-- {
-		c.suffix[i] = c.suffix[i+1] + cells[i].rate
+		c.suffix[i] = c.suffix[i+1] + cells[keys[n-1-i]&0xfff].rate
 	}
 	return c
 }
@@ -407,10 +416,10 @@ func (p *limiterParams) capacityNodes(now uint64, cell func(node, row, col int) 
 					}
 				}
 				// The count decayed to now, in packets.
-				k := float64(count) / (1 << FixedFracBits)
 				if now > last {
-					k *= math.Exp2(-float64(now-last) / halfLifeNanos)
+					count = count.Mul(decayFactor(now - last))
 				}
+				k := count.Float64()
 				prev[i] = k
 				est := k / tau
 				rate := est
@@ -566,13 +575,14 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	if c.configured <= 0 {
 		c.measure()
 	}
-	// The sketches are read every step, overloaded or not, so that the cells'
-	// arrival rates are known from the first step of an overload.
+	// The sketches are read every step (every second while nothing is near an
+	// overload), so that the cells' arrival rates are known from the first step of
+	// an overload.
 	var read []capacityNode
 	readNodes := func() []capacityNode {
 		if read == nil {
 			read = nodes()
-			c.nextRead = in.Now + int64(capacityStepEvery)
+			c.nextRead = in.Now + int64(c.readEvery())
 		}
 		return read
 	}
@@ -599,6 +609,22 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 		out.Write, c.written = true, c.level
 	}
 	return out
+}
+
+// readEvery is how long until the sketches are read again: a step under overload
+// or when it may come (a queue was busy lately, or arrivals are over half the
+// capacity), else a second, which still gives the cells' rates at an overload's
+// start, over a longer time.
+func (c *capacityController) readEvery() time.Duration {
+	if c.overloaded || (c.capacity > 0 && c.demand > c.capacity/2) {
+		return capacityStepEvery
+	}
+	for _, d := range c.recent(capacityWindow) {
+		if d.busy {
+			return capacityStepEvery
+		}
+	}
+	return time.Second
 }
 
 // changed reports whether a level differs from the one in force enough to write it:

@@ -92,8 +92,10 @@ type Limiter struct {
 	sketch *[numNodes]countMin
 	params atomic.Pointer[limiterParams]
 	events atomic.Pointer[groupTracker] // nil when the Config sets no EventFunc
-	start  time.Time
-	stats  [statShards]statShard
+	// capacity is the controller setting the water level, for Stats (capacity_go.go).
+	capacity atomic.Pointer[capacityRun]
+	start    time.Time
+	stats    [statShards]statShard
 
 	updateMu sync.Mutex // serialises Update
 }
@@ -218,6 +220,9 @@ type LimiterStats struct {
 	// Nodes has one entry per active node: IPv4 levels finest first, IPv6 levels,
 	// then the port and total nodes when on.
 	Nodes []LimiterNodeStats
+	// Capacity reports the capacity mode (Config keyword capacity) when a
+	// controller runs for the Limiter (a Protection's), else nil.
+	Capacity *CapacityStats
 }
 
 // LimiterNodeStats are one node's settings and counters.
@@ -479,6 +484,7 @@ func (l *Limiter) Stats() LimiterStats {
 	if p.limit[nodeTotal] != 0 {
 		add(nodeTotal, s.IPv4+s.IPv6)
 	}
+	s.Capacity = l.capacity.Load().stats() // capacity_go.go
 	return s
 }
 

@@ -36,6 +36,7 @@ type Protection struct {
 	done       bool
 	stopWatch  context.CancelFunc // ends the kernel filter's events, if watched
 	watchEnded chan struct{}
+	capacity   *capacityRun // the Go Limiter's capacity controller (capacity_go.go)
 }
 
 // RequestLimiting says where requests-per-second and the other request limits are
@@ -198,6 +199,7 @@ func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOpt
 			p.filter.WatchLimited(ctx, time.Second, p.cfg.eventsPerSec(), p.cfg.eventFunc)
 		}()
 	}
+	p.startCapacity() // capacity_go.go
 	return p, nil
 }
 
@@ -368,12 +370,14 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 		return false, fmt.Errorf("rrl: update response rate limiting: %w", err)
 	}
 	p.cfg = cfg.clone()
+	p.updateCapacity(p.cfg) // capacity_go.go
 	return fresh, nil
 }
 
 // Close detaches the kernel filter (see Filter.Close) and frees it. Shut the
 // servers down first; the sockets are the servers' to close.
 func (p *Protection) Close() error {
+	p.stopCapacity() // capacity_go.go
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done = true
