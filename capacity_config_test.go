@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestCapacityKeyword(t *testing.T) {
@@ -156,5 +157,68 @@ func TestCapacityUnmeasurable(t *testing.T) {
 				t.Errorf("status %+v: want no overload, no level", st)
 			}
 		})
+	}
+}
+
+// TestCapacityEvents: an overload's start and stop are LimitEvents of AccountCapacity
+// with the capacity and the arrivals, the stop with the overload's length; at most
+// events-per-second of them in a second, the others counted as suppressed, and an
+// overload whose start was suppressed reports no stop.
+func TestCapacityEvents(t *testing.T) {
+	var events []LimitEvent
+	cfg := NewConfig()
+	cfg.capacity = 1000
+	cfg.SetEventFunc(func(e LimitEvent) { events = append(events, e) })
+	cfg.SetEventsPerSecond(2)
+	r := &capacityRun{cfg: cfg}
+	r.events.perSec = cfg.eventsPerSec()
+	src := &fakeCapacitySource{}
+	ctrl := newCapacityController(1000)
+	now := int64(0)
+	// run sends rate queries per second for d, in 25 ms samples.
+	run := func(rate float64, d time.Duration) {
+		for end := now + int64(d); now < end; {
+			now += int64(capacitySampleEvery)
+			n := uint64(rate * capacitySampleEvery.Seconds())
+			src.in.Demand += n
+			src.in.Admitted += n
+			src.in.Served += n
+			r.step(ctrl, src, now, cfg)
+		}
+	}
+	run(100, time.Second)
+	run(5000, time.Second)
+	run(100, 2*time.Second)
+	if len(events) != 2 {
+		t.Fatalf("events %v, want a start and a stop", events)
+	}
+	start, stop := events[0], events[1]
+	if start.Stop || start.Account != AccountCapacity || start.Limit != 1000 || start.Rate < 1000 {
+		t.Errorf("start %+v: want AccountCapacity, limit 1000, the arrivals over it", start)
+	}
+	if !stop.Stop || stop.Account != AccountCapacity || stop.Rate > 800 || stop.Duration < 900*time.Millisecond || stop.Duration > 2*time.Second {
+		t.Errorf("stop %+v: want the arrivals under 80%%, about 1.5 s of overload", stop)
+	}
+	if s := start.String(); !strings.Contains(s, "capacity") || !strings.Contains(s, "limit 1000/s") {
+		t.Errorf("start reads %q", s)
+	}
+	// Flapping: overloads starting and stopping within one second of the clock.
+	var got []LimitEvent
+	sec := (now/1e9 + 1) * 1e9
+	st := capacityStatus{capacity: 1000, demand: 2000}
+	for i := range 8 {
+		dec := capacityDecision{Start: i%2 == 0, Stop: i%2 == 1}
+		if ev, ok := r.event(dec, st, sec+int64(i)*int64(time.Millisecond), cfg); ok {
+			got = append(got, ev)
+		}
+	}
+	if len(got) != 2 || got[0].Stop || !got[1].Stop {
+		t.Fatalf("events in one second %v, want the bound of 2: a start and its stop", got)
+	}
+	// The next second: a start, counting the three starts suppressed (whose stops
+	// were not reported).
+	ev, ok := r.event(capacityDecision{Start: true}, st, sec+int64(time.Second), cfg)
+	if !ok || ev.Stop || ev.Suppressed != 3 {
+		t.Errorf("next start %+v (%v): want reported with 3 suppressed", ev, ok)
 	}
 }

@@ -64,6 +64,8 @@ type capacityRun struct {
 	status CapacityStats
 	cfg    *Config // for events and the configured capacity; replaced by update
 	events eventBudget
+	// started: the current overload's start was reported (so its stop is too).
+	started bool
 }
 
 // startCapacity starts a controller over src for cfg's capacity keyword, sampling
@@ -165,6 +167,9 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 		}
 	}
 	st := ctrl.status()
+	if ev, ok := r.event(dec, st, now, cfg); ok {
+		cfg.eventFunc(ev) // outside r.mu: the function may call Stats
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.status = CapacityStats{
@@ -180,6 +185,37 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 	if problem != nil {
 		r.status.Problem = problem.Error()
 	}
+}
+
+// event returns the overload event of dec, if there is one to report: a start or a
+// stop, at most events-per-second of them in a second (as for every limiting event),
+// the others counted in the next one's Suppressed; an overload whose start was
+// suppressed reports no stop.
+func (r *capacityRun) event(dec capacityDecision, st capacityStatus, now int64, cfg *Config) (LimitEvent, bool) {
+	if cfg.eventFunc == nil || !dec.Start && !dec.Stop {
+		return LimitEvent{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if dec.Stop && !r.started {
+		return LimitEvent{}, false
+	}
+	if !r.events.take(now) {
+		r.started = false
+		return LimitEvent{}, false
+	}
+	ev := LimitEvent{
+		Stop: dec.Stop, Time: time.Now(), Account: AccountCapacity,
+		Limit: st.capacity, Rate: st.demand, ReportOnly: cfg.reportOnly,
+	}
+	if dec.Stop {
+		r.started = false
+		ev.Duration = time.Duration(now - st.since)
+	} else {
+		r.started = true
+	}
+	r.events.stamp(&ev)
+	return ev, true
 }
 
 // queueSocket is a socket whose receive queue a controller watches, with a key
