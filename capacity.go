@@ -36,7 +36,8 @@ package rrl
 // the overload on and the limit steady, and the limits lift within a second of the
 // flood's end. The controller is pure: its inputs carry their clock (capacityInput),
 // and a driver (capacity_linux.go for the kernel filter and the sockets, or a Go
-// Limiter's counters) samples them every capacitySampleEvery.
+// Limiter's counters) samples them every capacitySampleEvery while an overload is on
+// or may come, every capacitySampleIdle otherwise (see sampleEvery).
 
 import (
 	"math"
@@ -48,8 +49,12 @@ import (
 const (
 	// capacityAuto is Config.capacity for "capacity auto": measured.
 	capacityAuto = -1
-	// capacitySampleEvery is how often a driver samples the queues and counters.
+	// capacitySampleEvery is how often a driver samples the queues and counters
+	// while the server is overloaded or near it, and capacitySampleIdle otherwise:
+	// a wakeup costs more than the sample (tens of microseconds of the Go
+	// scheduler's in an idle process), and an idle server needs few.
 	capacitySampleEvery = 25 * time.Millisecond
+	capacitySampleIdle  = 100 * time.Millisecond
 	// capacityStepEvery is how often the water level is recomputed under overload:
 	// about the sketches' time constant, so each step sees the previous one's effect.
 	capacityStepEvery = 200 * time.Millisecond
@@ -70,6 +75,16 @@ const (
 	capacityWindow = 8
 	// capacityHistory is how many samples the controller keeps (one second).
 	capacityHistory = 40
+	// capacityQuick is the number of samples (100 ms) over which an overflow during
+	// an overload lowers the capacity at once.
+	capacityQuick = 4
+	// capacityQuickFall is the most one such window lowers it by.
+	capacityQuickFall = 0.15
+	// capacityProbe is how fast a measured capacity rises while nothing is busy
+	// under the limits, per second.
+	capacityProbe = 0.005
+	// capacityProbeHold is how long after a busy queue the probe waits.
+	capacityProbeHold = 5 * time.Second
 	// capacityGain is the exponent of the correction towards the target per step:
 	// small, so that noise in one step's measurement moves the limit little.
 	capacityGain = 0.2
@@ -524,6 +539,7 @@ type capacityController struct {
 	since      int64   // start of the overload
 	lowSince   int64   // since when arrivals are below the exit threshold (-1: not)
 	nextRead   int64   // when the sketches are read next
+	lastBusy   int64   // the last sample with a busy queue, for probe
 	level      float64 // in force: +Inf none
 	written    float64 // last Level returned with Write
 	correction float64 // multiplies the target the sketches are solved for
@@ -574,6 +590,9 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 
 	if c.configured <= 0 {
 		c.measure()
+		if c.overloaded && in.Now-c.since >= int64(capacitySettle) && c.lower() {
+			c.nextRead = in.Now // recompute the level at once
+		}
 	}
 	// The sketches are read every step (every second while nothing is near an
 	// overload), so that the cells' arrival rates are known from the first step of
@@ -611,18 +630,36 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	return out
 }
 
+// sampleEvery is how long until the next sample: capacitySampleEvery while an
+// overload is on or may come (see near), capacitySampleIdle otherwise.
+func (c *capacityController) sampleEvery() time.Duration {
+	if c.near() {
+		return capacitySampleEvery
+	}
+	return capacitySampleIdle
+}
+
+// near reports whether an overload is on or may come: a queue was busy or overflowed
+// in the last capacityWindow samples, or arrivals are over half the capacity.
+func (c *capacityController) near() bool {
+	if c.overloaded || (c.capacity > 0 && c.demand > c.capacity/2) {
+		return true
+	}
+	for _, d := range c.recent(capacityWindow) {
+		if d.busy {
+			return true
+		}
+	}
+	return false
+}
+
 // readEvery is how long until the sketches are read again: a step under overload
 // or when it may come (a queue was busy lately, or arrivals are over half the
 // capacity), else a second, which still gives the cells' rates at an overload's
 // start, over a longer time.
 func (c *capacityController) readEvery() time.Duration {
-	if c.overloaded || (c.capacity > 0 && c.demand > c.capacity/2) {
+	if c.near() {
 		return capacityStepEvery
-	}
-	for _, d := range c.recent(capacityWindow) {
-		if d.busy {
-			return capacityStepEvery
-		}
 	}
 	return time.Second
 }
@@ -646,58 +683,102 @@ func (c *capacityController) recent(n int) []capacitySampleDelta {
 	return out
 }
 
-// measure takes the drain rate over the last capacityWindow samples when the server
-// was busy at all of them and overflowing at most: it then read as fast as it could.
-func (c *capacityController) measure() {
-	if c.sinceMeasure < capacityWindow || c.nhist < capacityWindow {
-		return
+// drainRate returns the rate the server read at over the last n samples, when their
+// queues were full at both ends (the first and the last sample overflowed) and busy
+// in between: it then read as fast as it could, and the queues held as much at the
+// end as at the start, so what entered them is what it read.
+func (c *capacityController) drainRate(n int) (float64, bool) {
+	if c.nhist < n {
+		return 0, false
+	}
+	recent := c.recent(n)
+	if recent[0].overflow == 0 || recent[n-1].overflow == 0 {
+		return 0, false
 	}
 	var dt int64
 	var served uint64
-	over := 0
-	for _, d := range c.recent(capacityWindow) {
+	for _, d := range recent {
 		if !d.busy {
-			return
-		}
-		if d.overflow > 0 {
-			over++
+			return 0, false
 		}
 		dt += d.dt
 		served += d.served
 	}
-	if 2*over < capacityWindow || dt <= 0 {
+	if dt <= 0 {
+		return 0, false
+	}
+	return float64(served) / (float64(dt) / 1e9), true
+}
+
+// measure takes the drain rate over capacityWindow samples (see drainRate), one
+// window after the other; the first one, while the capacity is not known yet, over
+// capacityQuick, so that the first overload starts sooner.
+func (c *capacityController) measure() {
+	n := capacityWindow
+	if c.capacity == 0 {
+		n = capacityQuick
+	}
+	if c.sinceMeasure < n {
 		return
 	}
-	rate := float64(served) / (float64(dt) / 1e9)
-	if c.capacity == 0 {
+	rate, ok := c.drainRate(n)
+	if !ok {
+		return
+	}
+	switch {
+	case c.capacity == 0:
 		c.capacity = rate
-	} else {
+	case rate < c.capacity:
+		// Down fast: too high a capacity overflows the queues.
+		c.capacity += 0.7 * (rate - c.capacity)
+	default:
 		c.capacity += 0.3 * (rate - c.capacity)
 	}
 	c.sinceMeasure = 0
 }
 
-// probe raises a measured capacity while the limits leave the queues empty at three
-// samples in four for a second: the server is idle much of the time, so the
-// capacity was measured low (the server got faster, or the measurement was taken
-// while it did other work). The next overflow measures it again.
+// lower takes the drain rate over the last capacityQuick samples during an overload
+// with the limits in force, once they have settled (capacitySettle: before, the
+// sketches' estimates are still rising and the queues still full from the start):
+// the queues overflowing means that the limits admit more
+// than the server takes now (it got slower, or shares its processor), so the
+// capacity falls towards what it reads at once rather than after a whole window, by
+// at most capacityQuickFall (a short window can catch a pause). It reports whether
+// the capacity fell.
+func (c *capacityController) lower() bool {
+	if c.capacity == 0 || math.IsInf(c.level, 1) {
+		return false
+	}
+	rate, ok := c.drainRate(capacityQuick)
+	if !ok || rate >= c.capacity {
+		return false
+	}
+	c.capacity = max(rate, (1-capacityQuickFall)*c.capacity)
+	c.nhist, c.sinceMeasure = 0, 0 // these samples are spent
+	return true
+}
+
+// probe raises a measured capacity slowly (capacityProbe a second) while the limits
+// hold and no queue has been busy for capacityProbeHold: the capacity may have been measured
+// low (the server got faster, or shared its processor meanwhile). When it is too
+// high, the queues fill and measure it again.
 func (c *capacityController) probe() {
-	if c.configured > 0 || c.capacity == 0 {
+	if c.configured > 0 || c.capacity == 0 || math.IsInf(c.level, 1) {
 		return
 	}
 	recent := c.recent(capacityHistory)
-	empty := 0
+	if len(recent) < capacityHistory {
+		return
+	}
 	for _, d := range recent {
-		if d.overflow > 0 {
-			return
-		}
-		if d.empty {
-			empty++
+		if d.busy {
+			c.lastBusy = c.last.Now
 		}
 	}
-	if len(recent) == capacityHistory && 4*empty >= 3*len(recent) {
-		c.capacity *= 1.05
+	if c.last.Now-c.lastBusy < int64(capacityProbeHold) {
+		return
 	}
+	c.capacity *= 1 + capacityProbe*capacityStepEvery.Seconds()
 }
 
 // entering reports whether the overload starts: the queues keep overflowing (three

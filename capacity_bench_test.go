@@ -95,7 +95,6 @@ func BenchmarkCapacityController(b *testing.B) {
 		}
 	}
 	k := &kernelCapacity{f: f, run: f.capacity.run}
-	var sampleNs, readNs float64
 	b.Run("sample", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -103,7 +102,6 @@ func BenchmarkCapacityController(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		sampleNs = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 	})
 	b.Run("read+solve", func(b *testing.B) {
 		b.ReportAllocs()
@@ -114,9 +112,25 @@ func BenchmarkCapacityController(b *testing.B) {
 			}
 			capacitySolve(nodes, 1000)
 		}
-		readNs = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 	})
-	perSecond := sampleNs*float64(time.Second/capacitySampleEvery) + readNs*float64(time.Second/capacityStepEvery)
-	b.ReportMetric(100*perSecond/1e9, "%core")
-	b.Logf("sample %.1f µs every %v, read and solve %.1f µs every %v: %.3f%% of a core", sampleNs/1e3, capacitySampleEvery, readNs/1e3, capacityStepEvery, 100*perSecond/1e9)
+	// One second of the controller's work: a sample every capacitySampleEvery, and
+	// the sketches read (and solved) every step under overload, every second else.
+	for _, c := range []struct {
+		name  string
+		reads int
+	}{{"second-overloaded", int(time.Second / capacityStepEvery)}, {"second-idle", 1}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				for range time.Second / capacitySampleEvery {
+					if _, err := k.sample(monotonicNow()); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for range c.reads {
+					capacitySolve(k.nodes(monotonicNow()), 1000)
+				}
+			}
+			b.ReportMetric(100*float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e9, "%core")
+		})
+	}
 }

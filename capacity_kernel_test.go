@@ -5,10 +5,12 @@ package rrl
 import (
 	"math"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/dnsrake/rrl/internal/loadgen"
+	"golang.org/x/sys/unix"
 )
 
 // filterLimits returns each level's limit by name, from a Filter's Stats (the
@@ -172,4 +174,40 @@ func TestFilterCapacitySample(t *testing.T) {
 		t.Errorf("read %d, want what the sample says is served: %d", len(read), served)
 	}
 	t.Logf("demand %d, limited %d, overflow %d, served %d, queued %d of %d bytes", demand, sumLimited(st), overflow, served, after.Queued, after.QueueLimit)
+}
+
+// TestFilterCapacityControllerCPU: the controller of a kernel filter, running on its
+// own with the sketches' cells busy, costs the process under 1% of a core
+// (getrusage): with the socket's queue full and unread (the controller then reads
+// the sketches every step, as under overload) and with it drained (every second).
+func TestFilterCapacityControllerCPU(t *testing.T) {
+	srv, _, _ := attachCapacity(t, capacityConfig(t, capacityAuto))
+	raw := newRawSender(t, srv.addr)
+	for i := range 20000 {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), byte(i * 7)}), uint16(1024+i))
+		raw.send(t, ipv4Packet(src, srv.addr, nil, dnsQuery(uint16(i), false)))
+	}
+	cpu := func() time.Duration {
+		var ru unix.Rusage
+		if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	measure := func(what string) {
+		runtime.GC() // the sends' garbage is not the controller's
+		const dur = 2 * time.Second
+		before, start := cpu(), time.Now()
+		time.Sleep(dur)
+		used, wall := cpu()-before, time.Since(start)
+		share := float64(used) / float64(wall)
+		t.Logf("%s: the process used %v of CPU in %v: %.3f%% of a core", what, used, wall.Round(time.Millisecond), 100*share)
+		if share > 0.01 {
+			t.Errorf("%s: controller at %.2f%% of a core, want at most 1%%", what, 100*share)
+		}
+	}
+	measure("queue full")
+	srv.collect(time.Now(), nil, 50*time.Millisecond, 5*time.Second)
+	time.Sleep(300 * time.Millisecond) // out of the busy samples' memory
+	measure("queue drained")
 }

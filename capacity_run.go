@@ -10,7 +10,8 @@ import (
 
 // Running the capacity controller: a goroutine of the process that owns the limiter
 // (the kernel Filter's, see capacity_linux.go, or a Protection's Go Limiter) samples
-// a capacitySource every capacitySampleEvery, steps the controller and puts the
+// a capacitySource every few tens of milliseconds (capacityController.sampleEvery),
+// steps the controller and puts the
 // water level in force, and keeps the status that Stats reports.
 
 // CapacityStats report the capacity mode (Config keyword capacity) of a Filter or
@@ -112,7 +113,7 @@ func (r *capacityRun) stats() *CapacityStats {
 
 func (r *capacityRun) run(src capacitySource, clock func() int64) {
 	defer close(r.done)
-	t := time.NewTicker(capacitySampleEvery)
+	t := time.NewTimer(capacitySampleIdle)
 	defer t.Stop()
 	r.mu.Lock()
 	configured := r.cfg.capacity
@@ -138,6 +139,7 @@ func (r *capacityRun) run(src capacitySource, clock func() int64) {
 			}
 		}
 		r.step(ctrl, src, clock(), cfg)
+		t.Reset(ctrl.sampleEvery())
 	}
 }
 

@@ -307,7 +307,7 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 	var scratch capacityScratch
 	tokens := 0.0
 	const tick = time.Millisecond
-	sampleEvery := int64(capacitySampleEvery / tick)
+	nextSample := int64(0)
 	readRate := s.capacity
 	if s.period > 0 {
 		readRate = s.capacity * float64(s.period) / float64(s.quota)
@@ -353,7 +353,8 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 		}
 		// The controller samples (before the server reads: the queue as a reader
 		// waking up would find it).
-		if step%sampleEvery == 0 {
+		if now >= nextSample {
+			nextSample = now + int64(ctrl.sampleEvery())
 			in.Now = now
 			in.Queued = uint64(len(queue)-head) * 1000
 			in.QueueLimit = uint64(s.queueLen) * 1000
