@@ -35,6 +35,10 @@ const layoutVersion = 9
 // of 4096 entries, about 510 KiB preallocated, see LimitedGroups), per-CPU counters
 // (1.4 KiB per CPU) and two small exempt-prefix tries.
 //
+// With the Config keyword capacity on, a Filter this process loaded (not one opened
+// from pins) runs the capacity controller in a goroutine of its own until Close
+// (see Config and CapacityStats).
+//
 // A Filter is safe for concurrent use.
 type Filter struct {
 	mu       sync.Mutex

@@ -61,8 +61,11 @@ const (
 	// capacityRateTau is the time constant of the controller's rate averages.
 	capacityRateTau = 250 * time.Millisecond
 	// capacityMargin is the share of the capacity the limits aim at, so that the
-	// queues drain instead of staying at the edge of overflowing.
+	// queues drain instead of staying at the edge of overflowing; capacityDrain
+	// while a queue is busy (at an overload's start it is full), so that it
+	// drains in a fraction of a second.
 	capacityMargin = 0.9
+	capacityDrain  = 0.85
 	// capacityExitBelow and capacityExitHold: the overload ends once arrivals stay
 	// below this share of C for this long.
 	capacityExitBelow = 0.8
@@ -85,6 +88,10 @@ const (
 	capacityProbe = 0.005
 	// capacityProbeHold is how long after a busy queue the probe waits.
 	capacityProbeHold = 5 * time.Second
+	// capacityRecover is how fast a capacity that fell on an overflow returns to
+	// the last measurement, per second, after capacityRecoverHold of calm.
+	capacityRecover     = 0.5
+	capacityRecoverHold = 500 * time.Millisecond
 	// capacityGain is the exponent of the correction towards the target per step:
 	// small, so that noise in one step's measurement moves the limit little.
 	capacityGain = 0.2
@@ -504,6 +511,7 @@ type capacitySampleDelta struct {
 	served   uint64
 	overflow uint64
 	busy     bool // a queue overflowed or was at least capacityBusyFill full
+	close    bool // begun at the close cadence (capacitySampleEvery)
 	empty    bool // every queue was empty at the sample
 }
 
@@ -540,6 +548,8 @@ type capacityController struct {
 	lowSince   int64   // since when arrivals are below the exit threshold (-1: not)
 	nextRead   int64   // when the sketches are read next
 	lastBusy   int64   // the last sample with a busy queue, for probe
+	wasNear    bool    // near() at the previous sample: this one came at the close cadence
+	measured   float64 // the capacity as last measured (or probed), which lower goes under
 	level      float64 // in force: +Inf none
 	written    float64 // last Level returned with Write
 	correction float64 // multiplies the target the sketches are solved for
@@ -565,7 +575,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 		}
 		return capacityDecision{Level: c.level}
 	}
-	d := capacitySampleDelta{dt: in.Now - c.last.Now}
+	d := capacitySampleDelta{dt: in.Now - c.last.Now, close: c.wasNear}
 	diff := func(now, before uint64) uint64 {
 		if now < before {
 			return 0 // a counter started again: no difference to take
@@ -623,6 +633,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 		c.probe()
 		c.recompute(in.Now, read, false)
 	}
+	c.wasNear = c.near()
 	out.Level = c.level
 	if changed(c.level, c.written) {
 		out.Write, c.written = true, c.level
@@ -684,10 +695,12 @@ func (c *capacityController) recent(n int) []capacitySampleDelta {
 }
 
 // drainRate returns the rate the server read at over the last n samples, when their
-// queues were full at both ends (the first and the last sample overflowed) and busy
-// in between: it then read as fast as it could, and the queues held as much at the
-// end as at the start, so what entered them is what it read.
-func (c *capacityController) drainRate(n int) (float64, bool) {
+// queues were full at both ends (the first and the last sample overflowed, or every
+// one with all, as for the first measurement) and busy in between: it then read as
+// fast as it could, and the queues held as much at the end as at the start, so what
+// entered them is what it read. Only samples begun at the close cadence count: one
+// begun at the idle cadence may have begun long before the queues filled.
+func (c *capacityController) drainRate(n int, all bool) (float64, bool) {
 	if c.nhist < n {
 		return 0, false
 	}
@@ -698,7 +711,7 @@ func (c *capacityController) drainRate(n int) (float64, bool) {
 	var dt int64
 	var served uint64
 	for _, d := range recent {
-		if !d.busy {
+		if !d.busy || all && d.overflow == 0 || !d.close {
 			return 0, false
 		}
 		dt += d.dt
@@ -721,7 +734,7 @@ func (c *capacityController) measure() {
 	if c.sinceMeasure < n {
 		return
 	}
-	rate, ok := c.drainRate(n)
+	rate, ok := c.drainRate(n, c.capacity == 0)
 	if !ok {
 		return
 	}
@@ -735,6 +748,7 @@ func (c *capacityController) measure() {
 		c.capacity += 0.3 * (rate - c.capacity)
 	}
 	c.sinceMeasure = 0
+	c.measured = c.capacity
 }
 
 // lower takes the drain rate over the last capacityQuick samples during an overload
@@ -749,7 +763,7 @@ func (c *capacityController) lower() bool {
 	if c.capacity == 0 || math.IsInf(c.level, 1) {
 		return false
 	}
-	rate, ok := c.drainRate(capacityQuick)
+	rate, ok := c.drainRate(capacityQuick, false)
 	if !ok || rate >= c.capacity {
 		return false
 	}
@@ -758,8 +772,10 @@ func (c *capacityController) lower() bool {
 	return true
 }
 
-// probe raises a measured capacity slowly (capacityProbe a second) while the limits
-// hold and no queue has been busy for capacityProbeHold: the capacity may have been measured
+// probe raises a capacity that lower took down back towards the last measurement
+// (capacityRecover a second, once no queue was busy for capacityRecoverHold), and a
+// measured capacity slowly beyond (capacityProbe a second) while the limits hold
+// and no queue has been busy for capacityProbeHold: the capacity may have been measured
 // low (the server got faster, or shared its processor meanwhile). When it is too
 // high, the queues fill and measure it again.
 func (c *capacityController) probe() {
@@ -775,10 +791,19 @@ func (c *capacityController) probe() {
 			c.lastBusy = c.last.Now
 		}
 	}
+	if c.capacity < c.measured {
+		// Back towards the last measurement after a fall (lower), which may
+		// have caught a pause: quickly, once the queues stayed calm a while.
+		if c.last.Now-c.lastBusy >= int64(capacityRecoverHold) {
+			c.capacity = min(c.measured, c.capacity*(1+capacityRecover*capacityStepEvery.Seconds()))
+		}
+		return
+	}
 	if c.last.Now-c.lastBusy < int64(capacityProbeHold) {
 		return
 	}
 	c.capacity *= 1 + capacityProbe*capacityStepEvery.Seconds()
+	c.measured = c.capacity
 }
 
 // entering reports whether the overload starts: the queues keep overflowing (three
@@ -822,7 +847,13 @@ func (c *capacityController) exiting(now int64) bool {
 // targetRate is the admitted rate the limits aim at: what the capacity leaves after
 // the load they cannot shed, and never less than 5% of it.
 func (c *capacityController) targetRate() float64 {
-	total := c.capacity * capacityMargin
+	margin := capacityMargin
+	for _, d := range c.recent(capacityQuick) {
+		if d.busy {
+			margin = capacityDrain
+		}
+	}
+	total := c.capacity * margin
 	return max(total-c.fixed, 0.05*total)
 }
 

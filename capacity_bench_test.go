@@ -15,8 +15,11 @@ import (
 // does: "none" has no request limit (no level counts), "capacity" the mode alone
 // (every level counts, none limits until an overload), "static" a requests-per-second
 // limit (benchRPS), "capacity+static" both, and "capacity-level" the mode with a water
-// level in force (as under overload). The mode adds no work per packet to the same
-// levels: the limits it sets are the steps' own.
+// level of benchRPS in force (as under overload). The mode adds no work per packet to
+// the same levels: the limits it sets are the steps' own, so "static",
+// "capacity+static" and "capacity-level" judge alike. (The test-run packets arrive
+// at millions a second, over benchRPS: those three also draw and refuse, which
+// "capacity", with no limit, never does.)
 func BenchmarkFilterTestRunCapacity(b *testing.B) {
 	pkt := ethFrame(unix.ETH_P_IP, ipv4Packet(netip.MustParseAddrPort("192.0.2.1:40000"), netip.MustParseAddrPort("127.0.0.1:53"), nil, dnsQuery(1, false)))
 	cases := []struct {
@@ -29,7 +32,7 @@ func BenchmarkFilterTestRunCapacity(b *testing.B) {
 		{"capacity", capacityAuto, "0", 0},
 		{"static", 0, benchRPS, 0},
 		{"capacity+static", capacityAuto, benchRPS, 0},
-		{"capacity-level", capacityAuto, "0", 1e6},
+		{"capacity-level", capacityAuto, "0", 1e6}, // benchRPS's default
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

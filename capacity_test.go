@@ -255,6 +255,9 @@ type simServer struct {
 	period, quota  time.Duration // 0: reads evenly
 	configured     float64       // the capacity keyword: 0 auto
 	requestsPerSec float64       // the static ceiling, 0 none
+	// dipFrom, dipTo: the server reads at half its capacity meanwhile (another
+	// process takes its processor).
+	dipFrom, dipTo time.Duration
 }
 
 // simResult is what each source sent and got answered, per second of send time.
@@ -370,6 +373,9 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 		}
 		// The server reads.
 		reading := s.period == 0 || time.Duration(now)%s.period < s.quota
+		if time.Duration(now) >= s.dipFrom && time.Duration(now) < s.dipTo {
+			reading = reading && step%2 == 0
+		}
 		if reading {
 			tokens = min(tokens+readRate*tick.Seconds(), readRate*tick.Seconds()+1)
 			for tokens >= 1 && head < len(queue) {
@@ -580,4 +586,26 @@ func TestCapacitySimConfigured(t *testing.T) {
 			t.Errorf("second %d: served %d, want 85%% to 100%% of 3000", s, got)
 		}
 	}
+}
+
+// TestCapacitySimDip: the server slows to half its capacity for 300 ms during a
+// flood: the capacity falls with it, so that the queue stops overflowing, and comes
+// back within two seconds of the end of the slowdown.
+func TestCapacitySimDip(t *testing.T) {
+	light, names := lightNets(0)
+	srv := simServer{capacity: simC, queueLen: 256, dipFrom: 3 * time.Second, dipTo: 3300 * time.Millisecond}
+	res := srv.run(t, 7*time.Second, append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
+	for s := 5; s < 7; s++ {
+		if float64(res.served1s[s]) < 0.85*simC {
+			t.Errorf("second %d: served %d, want >= 85%% of C again", s, res.served1s[s])
+		}
+	}
+	if res.overflow[4] != 0 {
+		t.Errorf("%d lost to the full queue in the second after the slowdown", res.overflow[4])
+	}
+	got := float64(sumOver(res.served, names, 4, 7)) / float64(sumOver(res.sent, names, 4, 7))
+	if got < 0.99 {
+		t.Errorf("light /24s answered %.4f after the slowdown, want >= 0.99", got)
+	}
+	t.Logf("served per second %v, lost %v, capacity at the end %.0f", res.served1s, res.overflow, res.ctrl.capacity)
 }
