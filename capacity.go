@@ -9,8 +9,12 @@ package rrl
 // lost because a queue was full) and the limiter's own counts. The server is
 // overloaded when its queues keep overflowing (capacity auto), or when more queries
 // arrive than the configured capacity. Then the capacity C is what the server reads
-// per second while its queues overflow (auto: the drain rate, measured), or the
-// configured number.
+// per second while its queues overflow (auto: the drain rate, measured over windows
+// whose queues were full at both ends, so that what entered them is what was read),
+// or the configured number. A measured C falls at once (by at most 15% a tenth of a
+// second) when the queues overflow under the limits, comes back to its last
+// measurement once they are calm (a pause is not a slower server), and creeps up
+// slowly beyond it while nothing is busy, in case the server got faster.
 //
 // Under overload every adjusted node's limit becomes its factor times one water
 // level L (its factor as requests-per-second would give it: the levels' factors,
@@ -24,12 +28,14 @@ package rrl
 // and total-requests-per-second is left alone.
 //
 // L comes from the sketches: each node's cells give how much that node would admit at
-// a limit x, the sum of min(cell, x); a family's lattice admits no more than the least
-// of its nodes, and L is where that estimate meets the target. Shared cells make the
+// a limit x, the sum over cells of r*min(1, x/e), with e the cell's estimate (what the
+// limiter compares with the limit) and r its arrivals since the previous read (the
+// estimate trails a new flood); a family's lattice admits no more than the least of
+// its nodes, and L is where that estimate meets the target. Shared cells make the
 // estimate wrong by a factor (collisions make groups look heavier than they are), so
 // a slow correction on the measured admission (the limiter's passes) brings it to the
-// target whatever the traffic's shape. The target leaves a margin under a measured C
-// so that the queues drain.
+// target whatever the traffic's shape. The target leaves a margin under C (90%, 85%
+// while a queue is busy) so that the queues drain.
 //
 // The overload ends (limits lift) when fewer queries arrive than 80% of C for half a
 // second; the queries the limiter refuses count as arrivals, so a steady flood keeps

@@ -181,6 +181,9 @@ func TestFilterCapacitySample(t *testing.T) {
 // (getrusage): with the socket's queue full and unread (the controller then reads
 // the sketches every step, as under overload) and with it drained (every second).
 func TestFilterCapacityControllerCPU(t *testing.T) {
+	if handlerRace {
+		t.Skip("the race detector multiplies the CPU time measured")
+	}
 	srv, _, _ := attachCapacity(t, capacityConfig(t, capacityAuto))
 	raw := newRawSender(t, srv.addr)
 	for i := range 20000 {

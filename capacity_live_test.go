@@ -115,11 +115,13 @@ func TestCapacityServerChild(t *testing.T) {
 	}
 }
 
-// capLive is the setting of the live capacity tests: the namespace and the cgroup.
+// capLive is the setting of the live capacity tests: the namespace, the cgroup and
+// the server's executable.
 type capLive struct {
 	ns     *loadgen.Netns
 	cgroup string
 	dst    netip.AddrPort
+	exe    string
 }
 
 // newCapLive makes the namespace and the CPU-quota cgroup, removed when t ends.
@@ -151,7 +153,16 @@ func newCapLive(t *testing.T) *capLive {
 			t.Fatal(err)
 		}
 	}
-	return &capLive{ns: ns, cgroup: cg, dst: netip.MustParseAddrPort(capServerAddr)}
+	l := &capLive{ns: ns, cgroup: cg, dst: netip.MustParseAddrPort(capServerAddr), exe: os.Args[0]}
+	if handlerRace {
+		// The race detector would multiply the capped server's costs, its
+		// controller's most: the server is this package's tests built without it.
+		l.exe = filepath.Join(t.TempDir(), "server.test")
+		if out, err := exec.Command("go", "test", "-c", "-o", l.exe, ".").CombinedOutput(); err != nil {
+			t.Fatalf("building the server without the race detector: %v: %s", err, out)
+		}
+	}
+	return l
 }
 
 // capChild is a running server child.
@@ -167,7 +178,7 @@ type capChild struct {
 // cgroup, and returns once it serves.
 func (l *capLive) start(t *testing.T, settings string) *capChild {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", l.ns.Name, os.Args[0], "-test.run=^TestCapacityServerChild$", "-test.count=1")
+	cmd := exec.Command("ip", "netns", "exec", l.ns.Name, l.exe, "-test.run=^TestCapacityServerChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), capChildEnv+"="+settings, "GOMAXPROCS=1")
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
