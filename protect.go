@@ -61,6 +61,7 @@ type Protection struct {
 	tcp           []*TCPLimiter
 	done          bool
 	watch         *kernelWatch // the eBPF filter's limiting events; nil without that filter
+	capacity      *capacityRun // the Go Limiter's capacity controller (capacity_go.go), under limMu
 }
 
 // heldSocket is one UDP socket a Protection protects.
@@ -625,6 +626,7 @@ func (p *Protection) goLimiter() *Limiter {
 		l, _ = newLimiterSeed(p.limCfg, uint64(time.Now().UnixNano()))
 	}
 	p.limiter.Store(l)
+	p.startCapacity(l) // capacity_go.go
 	return l
 }
 
@@ -850,6 +852,7 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 		}
 	}
 	p.limCfg = cfg.clone()
+	p.updateCapacity(p.limCfg) // capacity_go.go
 	p.limMu.Unlock()
 	if fresh, err = p.rrl.Update(cfg); err != nil {
 		return false, fmt.Errorf("rrl: update response rate limiting: %w", err)
@@ -872,6 +875,7 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 // frees it; a filter a successor took over (AttachLocal) is the successor's and
 // stays. Shut the servers down first; the sockets are the servers' to close.
 func (p *Protection) Close() error {
+	p.stopCapacity() // capacity_go.go; before the locks: it waits for the controller
 	holders.Lock()
 	defer holders.Unlock()
 	p.mu.Lock()

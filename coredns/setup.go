@@ -129,6 +129,7 @@ func joinHostPort(host, port string) string {
 //	    source-port-factor FACTOR
 //	    total-requests-per-second RATE
 //	    reflection-ports PORT...
+//	    capacity auto|RATE
 //	    kernel-filter on|off
 //	    cookies [off | SECRET [PREVIOUS]]
 //	}
@@ -196,7 +197,7 @@ func (s *settings) property(c *caddy.Controller) error {
 	case "ipv4-prefix-length", "ipv6-prefix-length", "responses-per-second",
 		"nodata-per-second", "nxdomains-per-second", "referrals-per-second",
 		"errors-per-second", "requests-per-second", "slip-ratio",
-		"all-per-second", "qps-scale", "source-port-factor", "total-requests-per-second":
+		"all-per-second", "qps-scale", "source-port-factor", "total-requests-per-second", "capacity":
 		v, err := one()
 		if err != nil {
 			return err
