@@ -22,7 +22,7 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
 // LAYOUT_VERSION is the same number.
-const layoutVersion = 8
+const layoutVersion = 9
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -35,16 +35,21 @@ const layoutVersion = 8
 // of 4096 entries, about 510 KiB preallocated, see LimitedGroups), per-CPU counters
 // (1.4 KiB per CPU) and two small exempt-prefix tries.
 //
+// With the Config keyword capacity on, a Filter this process loaded (not one opened
+// from pins) runs the capacity controller in a goroutine of its own until Close
+// (see Config and CapacityStats).
+//
 // A Filter is safe for concurrent use.
 type Filter struct {
-	mu      sync.Mutex
-	mode    FilterMode
-	cfg     *Config
-	seed    uint64
-	objs    *kernelObjects
-	sockets []*attachedSocket // sockets attached, checked against socketOwners
-	pin     *pinState         // opened from pins (pin.go): Close leaves the pins in place
-	cookies *kernelCookies    // the secrets of UseCookies (kernelcookie.go)
+	mu       sync.Mutex
+	mode     FilterMode
+	cfg      *Config
+	seed     uint64
+	objs     *kernelObjects
+	sockets  []*attachedSocket // sockets attached, checked against socketOwners
+	pin      *pinState         // opened from pins (pin.go): Close leaves the pins in place
+	cookies  *kernelCookies    // the secrets of UseCookies (kernelcookie.go)
+	capacity filterCapacity    // the capacity controller (capacity_linux.go)
 }
 
 // kernelObjects are the program and maps production loads: test-only programs and
@@ -114,6 +119,9 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	f := &Filter{cfg: cfg.clone()}
 	loadErr := f.loadAndAttach(conn, id)
 	if loadErr == nil {
+		f.mu.Lock()
+		f.capacityUpdated() // capacity_linux.go
+		f.mu.Unlock()
 		return f, nil
 	}
 	// Keep the stateless protection, which needs no privilege and a few hundred
@@ -286,6 +294,7 @@ func (f *Filter) Update(cfg *Config) error {
 		return ErrClosed
 	}
 	f.cfg = cfg
+	f.capacityUpdated() // capacity_linux.go
 	return nil
 }
 
@@ -341,6 +350,7 @@ func (f *Filter) Close() error {
 	if f == nil {
 		return nil
 	}
+	f.stopCapacity() // capacity_linux.go
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
@@ -502,6 +512,7 @@ var coarseTick = sync.OnceValue(func() uint64 {
 // writeSettings makes cfg the configuration the kernel runs (settings.go): it checks
 // everything first, and leaves the previous configuration in force on any error.
 func (f *Filter) writeSettings(cfg *Config) error {
+	cfg = f.capacityConfig(cfg) // capacity_linux.go: the water level in force
 	if err := checkKernelConfig(cfg); err != nil {
 		return err
 	}

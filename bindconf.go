@@ -30,9 +30,10 @@ import (
 //	                                    up to 32 MB in full at once anyway
 //
 // BIND takes integers for all of them, and so does the parser. The package's own
-// keywords (requests-per-second, ipv4-request-levels, ...; see Config) are accepted as
-// well, with one value (quote lists: ipv4-request-levels "32:1 24:1";), so that one file
-// can configure the request limiter too; BIND itself would refuse them. Comments are
+// keywords (requests-per-second, ipv4-request-levels, capacity, ...; see Config) are
+// accepted as well, with one value (quote lists: ipv4-request-levels "32:1 24:1";
+// capacity auto;), so that one file can configure the request limiter too; BIND itself
+// would refuse them. Comments are
 // written as in named.conf: //, # and /* */.
 //
 // BIND's cookie-secret option (of its options block) is accepted in the clause as an

@@ -46,6 +46,7 @@ import (
 //	source-port-factor FACTOR      all sources sharing one source port; default 1, 0 disables
 //	total-requests-per-second RATE all queries together (capacity); default 0 (off)
 //	reflection-ports LIST          source ports whose packets are dropped unseen
+//	capacity auto|RATE             limit requests only while the server is overloaded (off by default)
 //
 // DNS server cookies (a Protection's Handler and kernel filter), as BIND's option:
 //
@@ -61,6 +62,13 @@ import (
 // at factor 1 unless the list names that prefix length with another factor. At most
 // five levels per family besides /0. A factor of 0 turns a level off.
 // reflection-ports defaults to DefaultReflectionPorts().
+//
+// capacity turns on the capacity mode: every level counts, and the request limits
+// apply only while the server is overloaded, lowered then to the max-min fair share
+// of its capacity (the water level: the heaviest groups are trimmed, light ones and
+// clients with a valid server cookie are not). auto measures the capacity from the
+// sockets' receive queues, a RATE (queries per second, above 0) gives it.
+// requests-per-second, when also set, stays a ceiling. See CapacityStats.
 //
 // Every rate is a decimal number of events per second (0 to 10,000,000). A value that
 // cannot be parsed or is out of range gives an error naming the keyword and the value,
@@ -95,6 +103,12 @@ type Config struct {
 	// secrets is behind a pointer so that printing a Config's fields with fmt
 	// shows an address, not the secret; nil when none is configured.
 	secrets *configSecrets
+
+	// capacity is the capacity keyword: 0 off, capacityAuto, or queries per
+	// second (capacity.go). capLevel is not a keyword: the water level the
+	// capacity controller puts in force (0: none), see limiterParams.initCapacity.
+	capacity float64
+	capLevel float64
 
 	nowFunc         func() time.Time
 	eventFunc       func(LimitEvent)
@@ -273,6 +287,21 @@ var keywords = []keyword{
 			return err
 		},
 		get: func(c *Config) (string, bool) { return redacted, c.secrets != nil }},
+	{name: "capacity", example: "auto",
+		set: func(c *Config, v string) (err error) {
+			r, err := parseCapacity(v)
+			if err == nil {
+				c.capacity = r
+			}
+			return err
+		},
+		get: func(c *Config) (string, bool) {
+			// Off is the default, and no value says it: the keyword is left out.
+			if c.capacity > 0 {
+				return formatNum(c.capacity), true
+			}
+			return "auto", c.capacity != 0
+		}},
 }
 
 func formatNum(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
@@ -474,11 +503,11 @@ func (c *Config) eventsPerSec() int {
 }
 
 // IsActive reports whether the Config limits anything: some allowance, requests
-// limit or capacity is non-zero.
+// limit or capacity (total-requests-per-second or the capacity mode) is non-zero.
 func (c *Config) IsActive() bool {
 	return c.responsesPerSecond > 0 || c.nodataPerSecond > 0 || c.nxdomainsPerSecond > 0 ||
 		c.referralsPerSecond > 0 || c.errorsPerSecond > 0 || c.requestsPerSecond > 0 ||
-		c.allPerSecond > 0 || c.totalRequests > 0
+		c.allPerSecond > 0 || c.totalRequests > 0 || c.capacity != 0
 }
 
 // clone returns a deep copy.
@@ -526,7 +555,8 @@ func (c *Config) allowance(cat AllowanceCategory) float64 {
 // requestLevels returns the prefix levels of one family (IPv4 when v4), finest first,
 // with the client-network level included, each with its limit in packets per second.
 // Levels with a zero limit are left out, so the result is empty when
-// requests-per-second is 0.
+// requests-per-second is 0, unless capacity is on: then every level with a factor
+// is kept, with an infinite limit when requests-per-second is 0.
 func (c *Config) requestLevels(v4 bool) []levelLimit {
 	levels, cn := c.ipv6Levels, c.ipv6PrefixLength
 	if v4 {
@@ -539,17 +569,24 @@ func (c *Config) requestLevels(v4 bool) []levelLimit {
 	slices.SortFunc(all, func(a, b RequestLevel) int { return b.PrefixLen - a.PrefixLen })
 	var out []levelLimit
 	for _, l := range all {
-		if r := l.Factor * c.requestsPerSecond; r > 0 {
-			out = append(out, levelLimit{l.PrefixLen, r})
+		r := l.Factor * c.requestsPerSecond
+		if r <= 0 && c.capacity != 0 && l.Factor > 0 {
+			// The capacity mode counts every level, limiting only under
+			// overload: without requests-per-second a level has no limit.
+			r = math.Inf(1)
+		}
+		if r > 0 {
+			out = append(out, levelLimit{l.PrefixLen, r, l.Factor})
 		}
 	}
 	return out
 }
 
-// levelLimit is a prefix length and its limit in packets per second.
+// levelLimit is a prefix length, its limit in packets per second and its factor.
 type levelLimit struct {
 	PrefixLen int
 	Limit     float64
+	Factor    float64
 }
 
 func parseInt(s string, lo, hi int) (int, error) {
@@ -570,6 +607,21 @@ func parseRate(s string) (float64, error) {
 	}
 	if r < 0 || r > maxRate {
 		return 0, fmt.Errorf("must be between 0 and %d", maxRate)
+	}
+	return r, nil
+}
+
+// parseCapacity reads the capacity keyword's value: auto, or a rate above 0.
+func parseCapacity(s string) (float64, error) {
+	if strings.EqualFold(s, "auto") {
+		return capacityAuto, nil
+	}
+	r, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(r) || math.IsInf(r, 0) {
+		return 0, fmt.Errorf("want auto or a number of queries per second")
+	}
+	if r <= 0 || r > maxRate {
+		return 0, fmt.Errorf("must be auto or above 0 and at most %d", maxRate)
 	}
 	return r, nil
 }

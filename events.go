@@ -85,6 +85,11 @@ const (
 	AccountAll
 	// AccountGroup is a source group of the request Limiter.
 	AccountGroup
+	// AccountCapacity is the server as a whole in the capacity mode (Config keyword
+	// capacity): an overload started (the request limits went down to the water
+	// level) or ended (they lifted). Limit is the capacity, Rate the queries
+	// arriving per second.
+	AccountCapacity
 )
 
 func (k AccountKind) String() string {
@@ -97,6 +102,8 @@ func (k AccountKind) String() string {
 		return "all-responses"
 	case AccountGroup:
 		return "requests-group"
+	case AccountCapacity:
+		return "capacity"
 	}
 	return fmt.Sprintf("AccountKind(%d)", uint8(k))
 }
@@ -143,6 +150,8 @@ func (e LimitEvent) what() string {
 		return fmt.Sprintf("requests from %v (%v)", e.Network, e.Node)
 	case AccountRequests:
 		return fmt.Sprintf("requests from %v", e.Network)
+	case AccountCapacity:
+		return "requests to the server's capacity"
 	case AccountAll:
 		return fmt.Sprintf("all responses to %v", e.Network)
 	}

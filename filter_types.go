@@ -91,6 +91,10 @@ type FilterStats struct {
 	CookiePassed      uint64 // passed on a valid server cookie, judged only in their address's level (Filter.UseCookies)
 	CookieInvalid     uint64 // carried a server cookie that did not verify: judged as without one
 	Nodes             []NodeStats
+	// Capacity reports the capacity mode (Config keyword capacity), nil when it is
+	// off. With it on, a level's Limit is the water level times its factor during
+	// an overload and its static limit otherwise (2^32 for none).
+	Capacity *CapacityStats
 }
 
 // NodeStats are the counters of one source group level of the request limiter. A

@@ -92,8 +92,10 @@ type Limiter struct {
 	sketch *[numNodes]countMin
 	params atomic.Pointer[limiterParams]
 	events atomic.Pointer[groupTracker] // nil when the Config sets no EventFunc
-	start  time.Time
-	stats  [statShards]statShard
+	// capacity is the controller setting the water level, for Stats (capacity_go.go).
+	capacity atomic.Pointer[capacityRun]
+	start    time.Time
+	stats    [statShards]statShard
 
 	updateMu sync.Mutex // serialises Update
 }
@@ -107,6 +109,7 @@ type limiterParams struct {
 	levels     [2]int // active level nodes of IPv4 (nodes 0..levels[0]-1) and IPv6
 	exempt     prefixSet
 	reportOnly bool
+	capacity   capacityParams // capacity.go
 }
 
 // statShards spreads the counters over cache lines so that CPUs judging packets at
@@ -222,6 +225,9 @@ type LimiterStats struct {
 	// Nodes has one entry per active node: IPv4 levels finest first, IPv6 levels,
 	// then the port and total nodes when on.
 	Nodes []LimiterNodeStats
+	// Capacity reports the capacity mode (Config keyword capacity) when a
+	// controller runs for the Limiter (a Protection's), else nil.
+	Capacity *CapacityStats
 }
 
 // LimiterNodeStats are one node's settings and counters.
@@ -301,6 +307,7 @@ func newLimiterParams(cfg *Config) (*limiterParams, error) {
 	p.name[nodePort] = NodePort
 	p.limit[nodeTotal] = FixedFromFloat(cfg.totalRequests)
 	p.name[nodeTotal] = NodeTotal
+	p.initCapacity(cfg) // capacity.go
 	for n, limit := range p.limit {
 		p.trip[n] = tripCount(limit)
 	}
@@ -319,6 +326,7 @@ func (l *Limiter) Update(cfg *Config) error {
 	l.updateMu.Lock()
 	defer l.updateMu.Unlock()
 	old := l.params.Load()
+	p.keepLevel(old) // capacity.go: the water level in force stays
 	for n := range numNodes {
 		if old.prefix[n] != p.prefix[n] || old.name[n] != p.name[n] {
 			l.sketch[n].reset()
@@ -546,6 +554,7 @@ func (l *Limiter) Stats() LimiterStats {
 	if p.limit[nodeTotal] != 0 {
 		add(nodeTotal, s.IPv4+s.IPv6)
 	}
+	s.Capacity = l.capacity.Load().stats() // capacity_go.go
 	return s
 }
 

@@ -61,6 +61,7 @@ type Protection struct {
 	tcp           []*TCPLimiter
 	done          bool
 	watch         *kernelWatch // the eBPF filter's limiting events; nil without that filter
+	capacity      *capacityRun // the Go Limiter's capacity controller (capacity_go.go), under limMu
 }
 
 // heldSocket is one UDP socket a Protection protects.
@@ -458,8 +459,35 @@ func (p *Protection) AttachLocal(local netip.AddrPort) error {
 			}
 		}
 	}
+	// A descriptor found may close before it is used: try the socket's others, then
+	// look again.
+	via := func(id socketID, fn func(foundSocket) error) error {
+		err := viaAnyDescriptor(socks, id, fn)
+		for range 3 {
+			if err == nil || !isClosedSocket(err) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+			if fresh, serr := localSockets(local); serr == nil {
+				socks = fresh
+			}
+			err = viaAnyDescriptor(socks, id, fn)
+		}
+		return err
+	}
 	if p.filter == nil {
-		f, err := p.newFilter(socks[0].conn)
+		var f *Filter
+		err := via(socks[0].id, func(s foundSocket) error {
+			var err error
+			f, err = p.newFilter(s.conn)
+			if f == nil {
+				return err
+			}
+			return nil
+		})
+		if err == nil && f != nil {
+			err = p.reason
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rrl: attach to %s: %w", local, err))
 		}
@@ -467,17 +495,41 @@ func (p *Protection) AttachLocal(local netip.AddrPort) error {
 			return errors.Join(errs...)
 		}
 	}
+	done := map[socketID]bool{}
 	for _, s := range socks {
-		if filterOwning(s.id) == p.filter {
+		if done[s.id] || filterOwning(s.id) == p.filter {
 			continue
 		}
-		if err := p.filter.Attach(s.conn); err != nil {
-			err = fmt.Errorf("rrl: attach to %s (descriptor %d): %w", s.local, s.fd, err)
+		done[s.id] = true
+		err := via(s.id, func(s foundSocket) error {
+			if err := p.filter.Attach(s.conn); err != nil {
+				return fmt.Errorf("rrl: attach to %s (descriptor %d): %w", s.local, s.fd, err)
+			}
+			return nil
+		})
+		if err != nil {
 			p.reason = err
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// viaAnyDescriptor runs fn on the descriptors found of the socket id in turn until
+// one is not closed: a host that copies its sockets (CoreDNS on a reload) closes the
+// old descriptors while the new ones stay, so the first one found may be gone by the
+// time it is used.
+func viaAnyDescriptor(socks []foundSocket, id socketID, fn func(foundSocket) error) error {
+	var err error
+	for _, s := range socks {
+		if s.id != id {
+			continue
+		}
+		if err = fn(s); err == nil || !isClosedSocket(err) {
+			return err
+		}
+	}
+	return err
 }
 
 // predecessor returns another Protection that holds the filter on one of socks, and
@@ -625,6 +677,7 @@ func (p *Protection) goLimiter() *Limiter {
 		l, _ = newLimiterSeed(p.limCfg, uint64(time.Now().UnixNano()))
 	}
 	p.limiter.Store(l)
+	p.startCapacity(l) // capacity_go.go
 	return l
 }
 
@@ -850,6 +903,7 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 		}
 	}
 	p.limCfg = cfg.clone()
+	p.updateCapacity(p.limCfg) // capacity_go.go
 	p.limMu.Unlock()
 	if fresh, err = p.rrl.Update(cfg); err != nil {
 		return false, fmt.Errorf("rrl: update response rate limiting: %w", err)
@@ -872,6 +926,7 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 // frees it; a filter a successor took over (AttachLocal) is the successor's and
 // stays. Shut the servers down first; the sockets are the servers' to close.
 func (p *Protection) Close() error {
+	p.stopCapacity() // capacity_go.go; before the locks: it waits for the controller
 	holders.Lock()
 	defer holders.Unlock()
 	p.mu.Lock()

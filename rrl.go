@@ -234,6 +234,7 @@ func validate(cfg *Config) error {
 	rate("requests-per-second", cfg.requestsPerSecond)
 	rate("all-per-second", cfg.allPerSecond)
 	rate("qps-scale", cfg.qpsScale)
+	check("capacity", cfg.capacity == 0 || cfg.capacity == capacityAuto || cfg.capacity > 0 && cfg.capacity <= maxRate, cfg.capacity)
 	return errors.Join(errs...)
 }
 

@@ -130,6 +130,7 @@ func joinHostPort(host, port string) string {
 //	    source-port-factor FACTOR
 //	    total-requests-per-second RATE
 //	    reflection-ports PORT...
+//	    capacity auto|RATE
 //	    kernel-filter on|off
 //	    cookies [off | SECRET [PREVIOUS]]
 //	    cookie-secret SECRET [PREVIOUS]

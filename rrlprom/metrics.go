@@ -44,6 +44,12 @@ import (
 //	filter_limit_packets_per_second{node}       each level's limit
 //	filter_limited_groups{node}                 groups limited now (Filter.LimitedGroups), by level
 //	filter_exempt_total, filter_report_only_total, filter_errors_total
+//	filter_capacity_queries_per_second          the capacity mode (Config keyword capacity):
+//	filter_capacity_overloaded                  capacity, 1 while overloaded, the water level,
+//	filter_capacity_water_level                 the arrivals, overloads so far, and 1 when the
+//	filter_capacity_demand_queries_per_second   capacity cannot be measured; only with the
+//	filter_capacity_overloads_total             mode on (limiter_capacity_*: the same for the
+//	filter_capacity_problem                     Go limiter's)
 //	limiter_packets_total{family}               packets the Go Limiter judged
 //	limiter_exempt_total                        exempt packets it passed uncounted
 //	limiter_limited_total{node}                 packets it refused, by level
@@ -72,6 +78,8 @@ type Collector struct {
 	fCookiePassed, fCookieInvalid                                                                         *prometheus.Desc
 
 	lPackets, lExempt, lLimited, lLimit *prometheus.Desc
+
+	fCapacity, lCapacity capacityDescs // capacity.go
 
 	tAccepted, tRefused, tAcceptErrors, tOpen, tClients, tMax *prometheus.Desc
 }
@@ -136,6 +144,7 @@ func NewCollector(namespace string, r *rrl.RRL, opts ...CollectorOption) *Collec
 	c.lExempt = d("limiter", "exempt_total", "Packets from exempt clients, passed uncounted.")
 	c.lLimited = d("limiter", "limited_total", "Packets the Go request limiter refused, by level.", "node")
 	c.lLimit = d("limiter", "limit_packets_per_second", "The Go request limiter's limit per group, by level.", "node")
+	c.fCapacity, c.lCapacity = newCapacityDescs(d, "filter"), newCapacityDescs(d, "limiter")
 
 	c.tAccepted = d("tcp", "accepted_total", "TCP connections accepted.")
 	c.tRefused = d("tcp", "refused_total", "TCP connections reset: client-limit when accepted with the client at its limit, total-limit when evicted for a newcomer at the total limit.", "reason")
@@ -165,6 +174,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.lPackets, c.lExempt, c.lLimited, c.lLimit,
 		c.tAccepted, c.tRefused, c.tAcceptErrors, c.tOpen, c.tClients, c.tMax,
 	} {
+		ch <- d
+	}
+	for _, d := range append(c.fCapacity.all(), c.lCapacity.all()...) {
 		ch <- d
 	}
 }
@@ -226,6 +238,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.lLimited, float64(n.Limited), n.Node.String())
 			gauge(c.lLimit, n.Limit, n.Node.String())
 		}
+		c.lCapacity.collect(st.Capacity, counter, gauge)
 	}
 	if c.tcp != nil {
 		st := c.tcp.Stats()
@@ -287,4 +300,5 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 	counter(c.fErrors, float64(st.Errors))
 	counter(c.fCookiePassed, float64(st.CookiePassed))
 	counter(c.fCookieInvalid, float64(st.CookieInvalid))
+	c.fCapacity.collect(st.Capacity, counter, gauge)
 }

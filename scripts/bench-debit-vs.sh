@@ -11,7 +11,8 @@
 # (default 7), each run a process of its own with -test.benchtime BENCHTIME (default
 # 1s), -test.count 1 and -test.cpu 1, the two binaries alternately and in alternating
 # order (base then new, new then base, ...), so that both see the same machine. Set
-# CPU to a processor number to pin every run to it with taskset.
+# CPU to a processor number to pin every run to it with taskset, and ROWS to a subset
+# of the rows below to run only those.
 #
 # It prints, per benchmark, the fastest ns/op of each side, the ratio new/base of the
 # fastest, the median of the pairwise ratios (paired), the fastest cpu-ns/op (the
@@ -91,7 +92,7 @@ one() {
 	grep '^Benchmark' "$tmp/last.txt" | sed "s|^|$2 |" >>"$out/$1.txt"
 }
 
-rows="100k-accounts full-table-flood hot hot+events"
+rows=${ROWS:-100k-accounts full-table-flood hot hot+events}
 bench() { # bench SIDE ROW prints the -test.bench pattern of ROW on SIDE
 	case $2 in
 	hot+events) if [ "$1" = new ]; then echo '^BenchmarkDebitEvents$/^hot$'; else echo '^BenchmarkDebit$/^hot$'; fi ;;

@@ -1,0 +1,293 @@
+package rrl
+
+import (
+	"errors"
+	"math"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Running the capacity controller: a goroutine of the process that owns the limiter
+// (the kernel Filter's, see capacity_linux.go, or a Protection's Go Limiter) samples
+// a capacitySource every few tens of milliseconds (capacityController.sampleEvery),
+// steps the controller and puts the
+// water level in force, and keeps the status that Stats reports.
+
+// CapacityStats report the capacity mode (Config keyword capacity) of a Filter or
+// Limiter: whether the server is overloaded, its capacity and the water level.
+type CapacityStats struct {
+	// Auto: the capacity is measured (capacity auto); else it is configured.
+	Auto bool `json:"auto"`
+	// Capacity is the capacity in queries per second: measured, the rate the
+	// server reads while its receive queues overflow (0 until first measured), or
+	// the configured one.
+	Capacity float64 `json:"capacity"`
+	// Overloaded: the limits are at the water level now.
+	Overloaded bool `json:"overloaded"`
+	// Since is when the current overload started (zero when not overloaded).
+	Since time.Time `json:"since,omitzero"`
+	// Level is the water level in force: the limit per group of a level of factor
+	// 1 (the client network's), each level's limit being its factor times Level
+	// (within requests-per-second). 0 when the limits are lifted.
+	Level float64 `json:"level"`
+	// Demand is the rate of queries arriving (refused ones included), averaged over
+	// a quarter of a second; Target the rate of judged queries the limits aim at.
+	Demand float64 `json:"demand"`
+	Target float64 `json:"target"`
+	// Overloads counts the overloads since the controller started.
+	Overloads uint64 `json:"overloads"`
+	// Problem says why the capacity cannot be measured or the limits not set (no
+	// socket, counters that cannot be read); "" when all is well. The static
+	// limits stay in force meanwhile.
+	Problem string `json:"problem,omitempty"`
+}
+
+// capacitySource is what a controller is run over.
+type capacitySource interface {
+	// sample reads the counters and the queues at now.
+	sample(now int64) (capacityInput, error)
+	// nodes reads the adjusted nodes' cells at now.
+	nodes(now int64) []capacityNode
+	// apply puts the water level in force (0: none).
+	apply(level float64) error
+}
+
+// errNoSocket: capacity auto has no receive queue to watch.
+var errNoSocket = errors.New("rrl: capacity auto: no socket whose receive queue can be read; the static limits stay in force")
+
+// capacityRun is one running controller.
+type capacityRun struct {
+	stop chan struct{}
+	done chan struct{}
+
+	mu     sync.Mutex
+	status CapacityStats
+	cfg    *Config // for events and the configured capacity; replaced by update
+	events eventBudget
+	// started: the current overload's start was reported (so its stop is too).
+	started bool
+}
+
+// startCapacity starts a controller over src for cfg's capacity keyword, sampling
+// with clock (nanoseconds of a monotonic clock); the caller stops it with stop.
+func startCapacity(cfg *Config, src capacitySource, clock func() int64) *capacityRun {
+	r := &capacityRun{stop: make(chan struct{}), done: make(chan struct{}), cfg: cfg}
+	r.events.perSec = cfg.eventsPerSec()
+	r.status = CapacityStats{Auto: cfg.capacity < 0, Capacity: max(cfg.capacity, 0)}
+	go r.run(src, clock)
+	return r
+}
+
+// stopAndWait ends the controller and waits for it; the limits it set stay.
+func (r *capacityRun) stopAndWait() {
+	if r == nil {
+		return
+	}
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	<-r.done
+}
+
+// update gives the controller a new Config (the capacity keyword, events).
+func (r *capacityRun) update(cfg *Config) {
+	r.mu.Lock()
+	r.cfg = cfg
+	r.events.perSec = cfg.eventsPerSec()
+	r.mu.Unlock()
+}
+
+// stats returns the status, nil for no controller.
+func (r *capacityRun) stats() *CapacityStats {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.status
+	return &s
+}
+
+func (r *capacityRun) run(src capacitySource, clock func() int64) {
+	defer close(r.done)
+	t := time.NewTimer(capacitySampleIdle)
+	defer t.Stop()
+	r.mu.Lock()
+	configured := r.cfg.capacity
+	r.mu.Unlock()
+	ctrl := newCapacityController(configured)
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		cfg := r.cfg
+		r.mu.Unlock()
+		if cfg.capacity != configured {
+			// Auto and configured capacities measure differently: start afresh,
+			// keeping a measured capacity when it stays measured.
+			measured := ctrl.capacity
+			configured = cfg.capacity
+			ctrl = newCapacityController(configured)
+			if configured <= 0 {
+				ctrl.capacity = measured
+			}
+		}
+		r.step(ctrl, src, clock(), cfg)
+		t.Reset(ctrl.sampleEvery())
+	}
+}
+
+// step samples src once and applies the controller's decision.
+func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int64, cfg *Config) {
+	var problem error
+	in, err := src.sample(now)
+	var dec capacityDecision
+	switch {
+	case err != nil:
+		problem = err
+		dec = ctrl.reset()
+	case in.Sockets == 0 && ctrl.configured <= 0:
+		problem = errNoSocket
+		dec = ctrl.reset()
+	default:
+		dec = ctrl.step(in, func() []capacityNode { return src.nodes(now) })
+	}
+	if dec.Write {
+		level := dec.Level
+		if math.IsInf(level, 1) {
+			level = 0
+		}
+		if err := src.apply(level); err != nil {
+			problem = err
+			ctrl.written = -1 // write again at the next sample
+		}
+	}
+	st := ctrl.status()
+	if ev, ok := r.event(dec, st, now, cfg); ok {
+		cfg.eventFunc(ev) // outside r.mu: the function may call Stats
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status = CapacityStats{
+		Auto: ctrl.configured <= 0, Capacity: st.capacity, Overloaded: st.overloaded,
+		Demand: st.demand, Target: st.target, Overloads: st.overloads,
+	}
+	if st.overloaded {
+		r.status.Since = time.Now().Add(-time.Duration(now - st.since))
+		if !math.IsInf(st.level, 1) {
+			r.status.Level = st.level
+		}
+	}
+	if problem != nil {
+		r.status.Problem = problem.Error()
+	}
+}
+
+// event returns the overload event of dec, if there is one to report: a start or a
+// stop, at most events-per-second of them in a second (as for every limiting event),
+// the others counted in the next one's Suppressed; an overload whose start was
+// suppressed reports no stop.
+func (r *capacityRun) event(dec capacityDecision, st capacityStatus, now int64, cfg *Config) (LimitEvent, bool) {
+	if cfg.eventFunc == nil || !dec.Start && !dec.Stop {
+		return LimitEvent{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if dec.Stop && !r.started {
+		return LimitEvent{}, false
+	}
+	if !r.events.take(now) {
+		r.started = false
+		return LimitEvent{}, false
+	}
+	ev := LimitEvent{
+		Stop: dec.Stop, Time: time.Now(), Account: AccountCapacity,
+		Limit: st.capacity, Rate: st.demand, ReportOnly: cfg.reportOnly,
+	}
+	if dec.Stop {
+		r.started = false
+		ev.Duration = time.Duration(now - st.since)
+	} else {
+		r.started = true
+	}
+	r.events.stamp(&ev)
+	return ev, true
+}
+
+// queueSocket is a socket whose receive queue a controller watches, with a key
+// identifying it from one read to the next.
+type queueSocket struct {
+	key  any
+	conn syscall.Conn
+}
+
+// queueWatch follows the receive queues of a set of sockets: their fill, and the
+// packets they lost because they were full.
+type queueWatch struct {
+	drops    map[any]uint32 // each socket's drop counter at the previous read
+	delta    uint64         // drops since the previous read, of sockets read both times
+	filtered uint64         // the filter's own drops at the previous account
+	started  bool
+	carry    int64 // drops not yet told apart from the filter's (see account)
+	overflow uint64
+}
+
+// queueCarryFloor bounds how far the filter's drops may run ahead of the sockets'
+// (packets judged but not yet counted by their socket, and drops on sockets not
+// watched), so that they cannot hide later overflows for long.
+const queueCarryFloor = 256
+
+// read returns the queues' fill summed over the sockets it could read (Queued,
+// QueueLimit, Sockets) and notes their drops since the previous read.
+func (w *queueWatch) read(socks []queueSocket) capacityInput {
+	var in capacityInput
+	next := make(map[any]uint32, len(socks))
+	w.delta = 0
+	for _, s := range socks {
+		queued, size, drops, err := readSocketQueue(s.conn)
+		if err != nil {
+			continue
+		}
+		in.Queued += uint64(queued)
+		in.QueueLimit += uint64(size)
+		in.Sockets++
+		if prev, ok := w.drops[s.key]; ok {
+			w.delta += uint64(drops - prev) // modulo 2^32, as the kernel counts
+		}
+		next[s.key] = drops
+	}
+	w.drops = next
+	return in
+}
+
+// account returns the packets lost to full queues so far, given how many the
+// socket filter dropped itself so far (0 where it keeps no count): a socket's drop
+// counter counts both.
+func (w *queueWatch) account(filtered uint64) uint64 {
+	df := uint64(0)
+	if w.started && filtered >= w.filtered {
+		df = filtered - w.filtered
+	}
+	w.started, w.filtered = true, filtered
+	w.carry = max(w.carry+int64(w.delta)-int64(df), -queueCarryFloor)
+	if w.carry > 0 {
+		w.overflow += uint64(w.carry)
+		w.carry = 0
+	}
+	return w.overflow
+}
+
+// subFloor is a-b, or 0 when b is larger (counters read at slightly different
+// moments).
+func subFloor(a, b uint64) uint64 {
+	if b > a {
+		return 0
+	}
+	return a - b
+}

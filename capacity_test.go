@@ -1,0 +1,611 @@
+package rrl
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+)
+
+// fillReference is the sum over rates of min(r, x), written out.
+func fillReference(rates []float64, x float64) float64 {
+	s := 0.0
+	for _, r := range rates {
+		s += min(r, x)
+	}
+	return s
+}
+
+// levelReference finds the water level of rates for target by bisection on
+// fillReference.
+func levelReference(rates []float64, target float64) float64 {
+	total := fillReference(rates, math.Inf(1))
+	if target >= total {
+		return math.Inf(1)
+	}
+	lo, hi := 0.0, slices.Max(rates)
+	for range 200 {
+		mid := (lo + hi) / 2
+		if fillReference(rates, mid) < target {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return (lo + hi) / 2
+}
+
+func TestFillCurveLevel(t *testing.T) {
+	cases := []struct {
+		name   string
+		rates  []float64
+		target float64
+		want   float64
+	}{
+		{"one heavy", []float64{1000, 10, 10, 10}, 530, 500},
+		{"all equal", []float64{5, 5, 5, 5}, 10, 2.5},
+		{"under target", []float64{5, 5}, 10, math.Inf(1)},
+		{"at target", []float64{5, 5}, 10, math.Inf(1)},
+		{"zero target", []float64{5, 5}, 0, 0},
+		{"zeros ignored", []float64{0, 8, 0, 2}, 6, 4},
+		{"two heavy", []float64{100, 60, 1, 1}, 82, 40},
+		{"empty", nil, 1, math.Inf(1)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			curve := newFillCurve(steadyCells(c.rates), fillCurve{})
+			got := curve.level(c.target)
+			if math.IsInf(c.want, 1) != math.IsInf(got, 1) || (!math.IsInf(got, 1) && math.Abs(got-c.want) > 1e-9*max(1, c.want)) {
+				t.Errorf("level(%v, %g) = %g, want %g", c.rates, c.target, got, c.want)
+			}
+			for _, x := range []float64{0, 0.5, 1, 3, 50, 1e6, math.Inf(1)} {
+				if got, want := curve.fill(x), fillReference(c.rates, x); math.Abs(got-want) > 1e-9*max(1, want) {
+					t.Errorf("fill(%g) = %g, want %g", x, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestFillCurveLevelRandom checks the water level against the bisection reference on
+// random rate distributions, heavy-tailed like real traffic.
+func TestFillCurveLevelRandom(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 300 {
+		n := 1 + r.IntN(3000)
+		rates := make([]float64, n)
+		for j := range rates {
+			if r.IntN(4) == 0 {
+				continue // empty cells
+			}
+			rates[j] = math.Exp(r.NormFloat64() * 2)
+		}
+		total := fillReference(rates, math.Inf(1))
+		target := total * r.Float64() * 1.2
+		got := newFillCurve(steadyCells(rates), fillCurve{}).level(target)
+		want := levelReference(rates, target)
+		if math.IsInf(want, 1) != math.IsInf(got, 1) || (!math.IsInf(got, 1) && math.Abs(got-want) > 1e-6*max(1, want)) {
+			t.Fatalf("case %d: level(%d rates, %g of %g) = %g, want %g", i, n, target, total, got, want)
+		}
+		if !math.IsInf(got, 1) && total > 0 {
+			if adm := fillReference(rates, got); math.Abs(adm-target) > 1e-6*total {
+				t.Fatalf("case %d: admits %g at level %g, want %g", i, adm, got, target)
+			}
+		}
+	}
+}
+
+// curveNode makes a capacityNode of the given family and factor whose two rows hold
+// rates (the same groups, no collisions).
+func curveNode(fam int, factor, base float64, rates []float64) capacityNode {
+	n := capacityNode{fam: fam, factor: factor, base: base}
+	for row := range n.rows {
+		n.rows[row] = newFillCurve(steadyCells(rates), fillCurve{})
+	}
+	return n
+}
+
+// latticeReference is capacityAdmitted written out plainly from the rates.
+func latticeReference(fams [][]struct {
+	factor, base float64
+	rates        []float64
+}, port *struct {
+	factor, base float64
+	rates        []float64
+}, level float64) float64 {
+	sum := 0.0
+	for _, nodes := range fams {
+		least := math.Inf(1)
+		for _, n := range nodes {
+			least = min(least, fillReference(n.rates, min(n.base, level*n.factor)))
+		}
+		if !math.IsInf(least, 1) {
+			sum += least
+		}
+	}
+	if port != nil {
+		sum = min(sum, fillReference(port.rates, min(port.base, level*port.factor)))
+	}
+	return sum
+}
+
+// TestCapacitySolveBruteForce: on random lattices, the solved level admits the target
+// by the plain reference, and any lower level admits less.
+func TestCapacitySolveBruteForce(t *testing.T) {
+	type node = struct {
+		factor, base float64
+		rates        []float64
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 200 {
+		var fams [][]node
+		var nodes []capacityNode
+		total := 0.0
+		for fam := range 2 {
+			var fn []node
+			// A family's levels group the same traffic coarser and coarser: each
+			// level's groups are sums of the finer level's.
+			groups := make([]float64, 1+r.IntN(500))
+			for j := range groups {
+				groups[j] = math.Exp(r.NormFloat64() * 2.5)
+			}
+			for lv := range 1 + r.IntN(3) {
+				factor := math.Pow(4, float64(lv))
+				base := math.Inf(1)
+				if r.IntN(5) == 0 {
+					base = 1 + r.Float64()*100
+				}
+				fn = append(fn, node{factor, base, slices.Clone(groups)})
+				nodes = append(nodes, curveNode(fam, factor, base, groups))
+				var coarser []float64
+				for j := 0; j < len(groups); j += 4 {
+					s := 0.0
+					for _, g := range groups[j:min(j+4, len(groups))] {
+						s += g
+					}
+					coarser = append(coarser, s)
+				}
+				groups = coarser
+			}
+			if fam == 0 {
+				total += fillReference(groups, math.Inf(1))
+			}
+			fams = append(fams, fn)
+		}
+		var port *node
+		if r.IntN(2) == 0 {
+			p := make([]float64, 1+r.IntN(100))
+			for j := range p {
+				p[j] = math.Exp(r.NormFloat64() * 2)
+			}
+			port = &node{1, math.Inf(1), p}
+			nodes = append(nodes, curveNode(2, 1, math.Inf(1), p))
+		}
+		target := r.Float64() * 2 * max(total, 1)
+		level := capacitySolve(nodes, target)
+		unlimited := latticeReference(fams, port, math.Inf(1))
+		if math.IsInf(level, 1) {
+			if unlimited > target*(1+1e-9) {
+				t.Fatalf("case %d: no limit, but the lattice admits %g unlimited, over %g", i, unlimited, target)
+			}
+			continue
+		}
+		got := latticeReference(fams, port, level)
+		if got < target*(1-1e-6) && level > capacityMinLevel {
+			t.Fatalf("case %d: level %g admits %g, want %g", i, level, got, target)
+		}
+		if below := latticeReference(fams, port, level*(1-1e-5)); below > target*(1+1e-6) {
+			t.Fatalf("case %d: level %g is not the least: %g below it admits %g over %g", i, level, level*(1-1e-5), below, target)
+		}
+		if a := capacityAdmitted(nodes, level); math.Abs(a-got) > 1e-6*max(1, got) {
+			t.Fatalf("case %d: capacityAdmitted %g, reference %g", i, a, got)
+		}
+	}
+}
+
+// ---- The simulated server ----
+
+// simSource is a set of senders in the simulation: Poisson arrivals at rate per
+// second from from to to (0: the end), each from addr's draw.
+type simSource struct {
+	name     string
+	rate     float64
+	from, to time.Duration
+	addr     func(r *rand.Rand) netip.AddrPort
+	proven   bool // with a valid server cookie: judged at its own address only
+}
+
+// subnet24 draws sources from one /24, random host and port.
+func subnet24(a, b, c byte) func(r *rand.Rand) netip.AddrPort {
+	return func(r *rand.Rand) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{a, b, c, byte(1 + r.IntN(254))}), uint16(1024+r.IntN(60000)))
+	}
+}
+
+// host draws one address with random ports.
+func host(a, b, c, d byte) func(r *rand.Rand) netip.AddrPort {
+	return func(r *rand.Rand) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{a, b, c, d}), uint16(1024+r.IntN(60000)))
+	}
+}
+
+// randomNets draws sources from n random /24s, fixed for the simulation.
+func randomNets(seed uint64, n int) func(r *rand.Rand) netip.AddrPort {
+	nr := rand.New(rand.NewPCG(seed, 99))
+	nets := make([][3]byte, n)
+	for i := range nets {
+		nets[i] = [3]byte{byte(11 + nr.IntN(200)), byte(nr.IntN(256)), byte(nr.IntN(256))}
+	}
+	return func(r *rand.Rand) netip.AddrPort {
+		p := nets[r.IntN(n)]
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{p[0], p[1], p[2], byte(1 + r.IntN(254))}), uint16(1024+r.IntN(60000)))
+	}
+}
+
+// simServer is a server that reads capacity queries per second from a receive queue
+// of queueLen packets, optionally only for quota out of every period (a CPU quota;
+// both whole milliseconds, the simulation's step),
+// behind a Limiter and the capacity controller.
+type simServer struct {
+	capacity       float64
+	queueLen       int
+	period, quota  time.Duration // 0: reads evenly
+	configured     float64       // the capacity keyword: 0 auto
+	requestsPerSec float64       // the static ceiling, 0 none
+	// dipFrom, dipTo: the server reads at half its capacity meanwhile (another
+	// process takes its processor).
+	dipFrom, dipTo time.Duration
+}
+
+// simResult is what each source sent and got answered, per second of send time.
+type simResult struct {
+	sent, served map[string][]int
+	overflow     []int     // per second
+	served1s     []int     // all sources, per second of service
+	level        []float64 // the water level at each sample
+	levelAt      []time.Duration
+	overloaded   []bool
+	limiter      *Limiter
+	ctrl         *capacityController
+	limits       [][numNodes]Fixed // the limits in force at each sample
+}
+
+// run simulates dur with 1 ms steps.
+func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *simResult {
+	t.Helper()
+	cfg := NewConfig()
+	cfg.capacity = capacityAuto
+	if s.configured > 0 {
+		cfg.capacity = s.configured
+	}
+	if s.requestsPerSec > 0 {
+		cfg.SetValue("requests-per-second", fmt.Sprint(s.requestsPerSec))
+	}
+	l, err := newLimiterSeed(cfg, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl := newCapacityController(s.configured)
+	r := rand.New(rand.NewPCG(5, 6))
+	secs := int(dur/time.Second) + 1
+	res := &simResult{sent: map[string][]int{}, served: map[string][]int{}, overflow: make([]int, secs), served1s: make([]int, secs), limiter: l, ctrl: ctrl}
+	for _, src := range sources {
+		res.sent[src.name] = make([]int, secs)
+		res.served[src.name] = make([]int, secs)
+	}
+	type queued struct {
+		src  int
+		sent int64
+	}
+	queue := make([]queued, 0, s.queueLen)
+	head := 0
+	next := make([]float64, len(sources)) // next arrival, seconds
+	for i, src := range sources {
+		next[i] = src.from.Seconds() + r.ExpFloat64()/src.rate
+	}
+	var in capacityInput
+	var scratch capacityScratch
+	tokens := 0.0
+	const tick = time.Millisecond
+	nextSample := int64(0)
+	readRate := s.capacity
+	if s.period > 0 {
+		readRate = s.capacity * float64(s.period) / float64(s.quota)
+	}
+	for step := int64(0); step*int64(tick) < int64(dur); step++ {
+		now := step * int64(tick)
+		end := float64(now+int64(tick)) / 1e9
+		// Arrivals of this millisecond, in time order between sources.
+		for {
+			i := -1
+			for j := range sources {
+				if next[j] < end && (sources[j].to == 0 || next[j] < sources[j].to.Seconds()) && (i < 0 || next[j] < next[i]) {
+					i = j
+				}
+			}
+			if i < 0 {
+				break
+			}
+			src := &sources[i]
+			at := int64(next[i] * 1e9)
+			next[i] += r.ExpFloat64() / src.rate
+			sec := int(at / 1e9)
+			res.sent[src.name][sec]++
+			in.Demand++
+			if src.proven {
+				in.Fixed++
+			} else {
+				if !l.AllowAt(src.addr(r), at, r.Uint32()) {
+					continue
+				}
+				in.Admitted++
+			}
+			if len(queue)-head >= s.queueLen {
+				in.Overflow++
+				res.overflow[sec]++
+				continue
+			}
+			if head > 0 && len(queue) == cap(queue) {
+				queue = append(queue[:0], queue[head:]...)
+				head = 0
+			}
+			queue = append(queue, queued{i, at})
+		}
+		// The controller samples (before the server reads: the queue as a reader
+		// waking up would find it).
+		if now >= nextSample {
+			nextSample = now + int64(ctrl.sampleEvery())
+			in.Now = now
+			in.Queued = uint64(len(queue)-head) * 1000
+			in.QueueLimit = uint64(s.queueLen) * 1000
+			in.Sockets = 1
+			dec := ctrl.step(in, func() []capacityNode { return l.capacityNodes(now, &scratch) })
+			if dec.Write {
+				l.setCapacityLevel(dec.Level)
+			}
+			res.level = append(res.level, dec.Level)
+			res.levelAt = append(res.levelAt, time.Duration(now))
+			res.overloaded = append(res.overloaded, ctrl.overloaded)
+			res.limits = append(res.limits, l.params.Load().limit)
+		}
+		// The server reads.
+		reading := s.period == 0 || time.Duration(now)%s.period < s.quota
+		if time.Duration(now) >= s.dipFrom && time.Duration(now) < s.dipTo {
+			reading = reading && step%2 == 0
+		}
+		if reading {
+			tokens = min(tokens+readRate*tick.Seconds(), readRate*tick.Seconds()+1)
+			for tokens >= 1 && head < len(queue) {
+				q := queue[head]
+				head++
+				tokens--
+				in.Served++
+				res.served[sources[q.src].name][int(q.sent/1e9)]++
+				res.served1s[int(now/1e9)]++
+			}
+			if head == len(queue) {
+				tokens = min(tokens, 1) // an idle server saves nothing up
+			}
+		}
+	}
+	return res
+}
+
+// levelAtSecond returns the water level at the first sample of second s.
+func (r *simResult) levelAtSecond(s int) float64 {
+	for i, at := range r.levelAt {
+		if at >= time.Duration(s)*time.Second {
+			return r.level[i]
+		}
+	}
+	return math.NaN()
+}
+
+// share returns what fraction of name's queries sent in [from, to) seconds were
+// answered.
+func (r *simResult) share(name string, from, to int) float64 {
+	sent, served := 0, 0
+	for s := from; s < to && s < len(r.sent[name]); s++ {
+		sent += r.sent[name][s]
+		served += r.served[name][s]
+	}
+	if sent == 0 {
+		return math.NaN()
+	}
+	return float64(served) / float64(sent)
+}
+
+// sumOver adds the per-second counts of the named sources in [from, to).
+func sumOver(m map[string][]int, names []string, from, to int) int {
+	n := 0
+	for _, name := range names {
+		for s := from; s < to && s < len(m[name]); s++ {
+			n += m[name][s]
+		}
+	}
+	return n
+}
+
+const simC = 4500 // the simulated server's capacity, as the capped server
+
+// lightNets are 50 light /24s at C/200 each.
+func lightNets(from time.Duration) ([]simSource, []string) {
+	var out []simSource
+	var names []string
+	for i := range 50 {
+		name := fmt.Sprintf("light%d", i)
+		out = append(out, simSource{name: name, rate: simC / 200, from: from, addr: subnet24(10, byte(i), 1)})
+		names = append(names, name)
+	}
+	return out, names
+}
+
+// TestCapacitySimBelowCapacity: (a) one /24 at half the capacity is never limited,
+// though a static limit of 100 per second would trim it to a tenth.
+func TestCapacitySimBelowCapacity(t *testing.T) {
+	for _, srv := range []simServer{
+		{capacity: simC, queueLen: 256},
+		{capacity: simC, queueLen: 256, period: 10 * time.Millisecond, quota: 2 * time.Millisecond},
+		{capacity: simC, queueLen: 256, configured: simC},
+	} {
+		t.Run(fmt.Sprintf("quota%v-configured%v", srv.quota, srv.configured), func(t *testing.T) {
+			res := srv.run(t, 4*time.Second, []simSource{{name: "big", rate: simC / 2, addr: subnet24(10, 9, 9)}})
+			if got := res.share("big", 0, 3); got < 0.999 {
+				t.Errorf("answered %.4f of the /24 at C/2, want >= 0.999", got)
+			}
+			if slices.Contains(res.overloaded, true) {
+				t.Errorf("overload found below capacity")
+			}
+		})
+	}
+}
+
+// TestCapacitySimFlood: (b) one /24 at 3 C and 50 light /24s at C/200: the light ones
+// get 99% from a second after the flood starts, the queue stops overflowing within
+// that second, the server stays at least 85% busy; (d) after the flood stops the
+// limits lift within 2 s, and during the flood the light load's answered rate varies
+// by less than 10% from one second to the next.
+func TestCapacitySimFlood(t *testing.T) {
+	for _, srv := range []simServer{
+		{capacity: simC, queueLen: 256},
+		{capacity: simC, queueLen: 256, period: 10 * time.Millisecond, quota: 2 * time.Millisecond},
+		{capacity: simC, queueLen: 256, configured: simC},
+	} {
+		t.Run(fmt.Sprintf("quota%v-configured%v", srv.quota, srv.configured), func(t *testing.T) {
+			light, names := lightNets(0)
+			floodFrom, floodTo := 1*time.Second, 7*time.Second
+			sources := append(light, simSource{name: "flood", rate: 3 * simC, from: floodFrom, to: floodTo, addr: subnet24(10, 200, 7)})
+			res := srv.run(t, 10*time.Second, sources)
+			sent := sumOver(res.sent, names, 2, 7)
+			got := float64(sumOver(res.served, names, 2, 7)) / float64(sent)
+			if got < 0.99 {
+				t.Errorf("light /24s answered %.4f from 1 s after the flood started, want >= 0.99", got)
+			}
+			for s := 2; s < 7; s++ {
+				if res.overflow[s] != 0 {
+					t.Errorf("second %d: %d queries lost to the full queue, want none from 1 s into the flood", s, res.overflow[s])
+				}
+				if float64(res.served1s[s]) < 0.85*simC {
+					t.Errorf("second %d: served %d, want >= 85%% of C (%d)", s, res.served1s[s], simC)
+				}
+			}
+			// Steady: the light load's answered rate, second to second.
+			for s := 3; s < 7; s++ {
+				a, b := sumOver(res.served, names, s-1, s), sumOver(res.served, names, s, s+1)
+				if math.Abs(float64(b-a)) > 0.1*float64(a) {
+					t.Errorf("light load answered %d then %d in seconds %d and %d: more than 10%% apart", a, b, s-1, s)
+				}
+			}
+			// Steady, once settled: the water level, and the flood's answered rate.
+			for s := 4; s < 7; s++ {
+				a, b := res.levelAtSecond(s-1), res.levelAtSecond(s)
+				if math.Abs(b-a) > 0.1*a {
+					t.Errorf("water level %.0f then %.0f at %d s and %d s: more than 10%% apart", a, b, s-1, s)
+				}
+				fa, fb := res.served["flood"][s-1], res.served["flood"][s]
+				if math.Abs(float64(fb-fa)) > 0.1*float64(fa) {
+					t.Errorf("flood answered %d then %d in seconds %d and %d: more than 10%% apart", fa, fb, s-1, s)
+				}
+			}
+			lifted := -1
+			for i, at := range res.levelAt {
+				if at >= floodTo && math.IsInf(res.level[i], 1) && !res.overloaded[i] {
+					lifted = i
+					break
+				}
+			}
+			if lifted < 0 || res.levelAt[lifted]-floodTo > 2*time.Second {
+				t.Errorf("limits not lifted within 2 s of the flood's end")
+			} else {
+				t.Logf("lifted %v after the flood", res.levelAt[lifted]-floodTo)
+			}
+			// Its fair share: what the light ones leave of the target.
+			fair := (capacityMargin*simC - 50*simC/200) / (3 * simC)
+			if got := res.share("flood", 2, 7); got < 0.8*fair || got > 1.2*fair {
+				t.Errorf("flood answered %.3f, want its fair share %.3f ± 20%%", got, fair)
+			}
+			t.Logf("capacity %.0f, level at 5 s %.0f, light %.4f, flood %.3f", res.ctrl.capacity, res.level[200], got, res.share("flood", 2, 7))
+		})
+	}
+}
+
+// TestCapacitySimSpread: (c) 3 C spread over 5,000 random /24s and three resolvers
+// with valid cookies: the resolvers get 99%, served first; the spread flood fills
+// what they leave.
+func TestCapacitySimSpread(t *testing.T) {
+	res := simServer{capacity: simC, queueLen: 256}.run(t, 6*time.Second, []simSource{
+		{name: "resolver1", rate: simC / 100, addr: host(192, 0, 2, 1), proven: true},
+		{name: "resolver2", rate: simC / 100, addr: host(192, 0, 2, 2), proven: true},
+		{name: "resolver3", rate: simC / 100, addr: host(198, 51, 100, 3), proven: true},
+		{name: "spread", rate: 3 * simC, from: time.Second, addr: randomNets(1, 5000)},
+	})
+	for _, name := range []string{"resolver1", "resolver2", "resolver3"} {
+		if got := res.share(name, 2, 6); got < 0.99 {
+			t.Errorf("%s answered %.4f, want >= 0.99", name, got)
+		}
+	}
+	for s := 2; s < 6; s++ {
+		if float64(res.served1s[s]) < 0.85*simC {
+			t.Errorf("second %d: served %d, want >= 85%% of C", s, res.served1s[s])
+		}
+	}
+	t.Logf("spread answered %.3f, level %.2f", res.share("spread", 2, 6), res.level[len(res.level)-1])
+}
+
+// TestCapacitySimCeiling: requests-per-second stays a ceiling: the flood's /24 never
+// gets more than it, overload or not.
+func TestCapacitySimCeiling(t *testing.T) {
+	light, _ := lightNets(0)
+	res := simServer{capacity: simC, queueLen: 256, requestsPerSec: 200}.run(t, 4*time.Second,
+		append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
+	for i, lim := range res.limits {
+		if lim[nodeIPv4First+1] > FixedFromFloat(200) {
+			t.Fatalf("sample %d: /24 limit %v over requests-per-second", i, lim[nodeIPv4First+1].Float64())
+		}
+	}
+	// The ceiling alone keeps the server out of overload.
+	if got := res.share("flood", 2, 4); got > 1.2*200/(3*simC) {
+		t.Errorf("flood answered %.4f, over the ceiling's share", got)
+	}
+	if slices.Contains(res.overloaded, true) {
+		t.Errorf("overloaded although the ceiling keeps the arrivals under the capacity")
+	}
+}
+
+// TestCapacitySimConfigured: a configured capacity below the server's own is what the
+// limits aim at, measured or not.
+func TestCapacitySimConfigured(t *testing.T) {
+	light, _ := lightNets(0)
+	res := simServer{capacity: simC, queueLen: 256, configured: 3000}.run(t, 5*time.Second,
+		append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
+	for s := 2; s < 5; s++ {
+		if got := res.served1s[s]; got < 0.85*3000 || got > 3000 {
+			t.Errorf("second %d: served %d, want 85%% to 100%% of 3000", s, got)
+		}
+	}
+}
+
+// TestCapacitySimDip: the server slows to half its capacity for 300 ms during a
+// flood: the capacity falls with it, so that the queue stops overflowing, and comes
+// back within two seconds of the end of the slowdown.
+func TestCapacitySimDip(t *testing.T) {
+	light, names := lightNets(0)
+	srv := simServer{capacity: simC, queueLen: 256, dipFrom: 3 * time.Second, dipTo: 3300 * time.Millisecond}
+	res := srv.run(t, 7*time.Second, append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
+	for s := 5; s < 7; s++ {
+		if float64(res.served1s[s]) < 0.85*simC {
+			t.Errorf("second %d: served %d, want >= 85%% of C again", s, res.served1s[s])
+		}
+	}
+	if res.overflow[4] != 0 {
+		t.Errorf("%d lost to the full queue in the second after the slowdown", res.overflow[4])
+	}
+	got := float64(sumOver(res.served, names, 4, 7)) / float64(sumOver(res.sent, names, 4, 7))
+	if got < 0.99 {
+		t.Errorf("light /24s answered %.4f after the slowdown, want >= 0.99", got)
+	}
+	t.Logf("served per second %v, lost %v, capacity at the end %.0f", res.served1s, res.overflow, res.ctrl.capacity)
+}
