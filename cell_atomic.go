@@ -4,7 +4,7 @@ package rrl
 
 import "sync/atomic"
 
-// cmCell is one sketch cell: a Fixed count and the time of its last update in
+// cmCell is one sketch cell: a fixed count and the time of its last update in
 // nanoseconds. Under the race detector the two words are sync/atomic values, so
 // that the detector checks everything else while the sketch keeps its deliberate,
 // benign races (see cell_plain.go for the production build).
@@ -13,9 +13,9 @@ type cmCell struct {
 	last  atomic.Uint64
 }
 
-func (c *cmCell) load() (Fixed, uint64) { return Fixed(c.count.Load()), c.last.Load() }
+func (c *cmCell) load() (fixed, uint64) { return fixed(c.count.Load()), c.last.Load() }
 
-func (c *cmCell) store(count Fixed, last uint64) {
+func (c *cmCell) store(count fixed, last uint64) {
 	c.count.Store(uint64(count))
 	c.last.Store(last)
 }

@@ -2,7 +2,7 @@
 
 package rrl
 
-// cmCell is one sketch cell: a Fixed count and the time of its last update in
+// cmCell is one sketch cell: a fixed count and the time of its last update in
 // nanoseconds.
 //
 // The cells are read and written by concurrent packets without synchronisation, on
@@ -14,13 +14,13 @@ package rrl
 // machine, as much as the whole rest of the limiter. Under the race detector
 // (cell_atomic.go) the words are sync/atomic values instead, with the same results.
 type cmCell struct {
-	count Fixed
+	count fixed
 	last  uint64
 }
 
-func (c *cmCell) load() (Fixed, uint64) { return c.count, c.last }
+func (c *cmCell) load() (fixed, uint64) { return c.count, c.last }
 
-func (c *cmCell) store(count Fixed, last uint64) {
+func (c *cmCell) store(count fixed, last uint64) {
 	c.count = count
 	c.last = last
 }

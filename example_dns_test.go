@@ -52,18 +52,12 @@ func ExampleCookies() {
 	client := netip.MustParseAddr("198.51.100.100")
 	now := time.Unix(1559731985, 0)
 
-	query := new(dns.Msg)
-	query.SetQuestion("example.com.", dns.TypeA)
-	clientCookie, _ := hex.DecodeString("2464c4abcf10c957")
-	rrl.SetCookie(query, clientCookie)
-
-	cookie, _ := rrl.CookieFromMsg(query)
+	// The content of the query's COOKIE option (dns.EDNS0_COOKIE, in hex there).
+	cookie, _ := hex.DecodeString("2464c4abcf10c957")
 	fmt.Println(cookies.Verify(cookie, client, now))
 
+	// The response carries the full cookie in its COOKIE option.
 	full := cookies.Generate(cookie, client, now)
-	resp := new(dns.Msg)
-	resp.SetReply(query)
-	rrl.SetCookie(resp, full)
 	fmt.Printf("%x\n", full)
 
 	// The client sends the full cookie back with its next queries.

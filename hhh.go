@@ -61,7 +61,7 @@ import (
 // to 16/20 of their traffic; networks outside it are untouched.
 //
 // Concurrency. All methods are safe for concurrent use and take no locks on the
-// per-packet path (Allow, AllowAt): each sketch cell is updated by a
+// per-packet path (Allow, allowAt): each sketch cell is updated by a
 // load, a computation and a store of its two words, so simultaneous arrivals on one
 // cell may occasionally count once instead of twice, as in the kernel's shared
 // maps (see cmCell). The counters are atomic. Update may be called while packets are
@@ -81,7 +81,7 @@ import (
 //		continue // over its group's limit: no parsing, no response
 //	}
 //
-// AllowAt takes the clock and the random draw as arguments, for tests
+// allowAt takes the clock and the random draw as arguments, for tests
 // and for replaying the kernel program's inputs.
 //
 // Create a Limiter with NewLimiter; the zero value is not usable.
@@ -100,8 +100,8 @@ type Limiter struct {
 
 // limiterParams is everything a Config sets, swapped atomically by Update.
 type limiterParams struct {
-	limit      [numNodes]Fixed
-	trip       [numNodes]Fixed // tripCount(limit): below it every draw passes
+	limit      [numNodes]fixed
+	trip       [numNodes]fixed // tripCount(limit): below it every draw passes
 	prefix     [numNodes]int
 	name       [numNodes]LimiterNode
 	levels     [2]int // active level nodes of IPv4 (nodes 0..levels[0]-1) and IPv6
@@ -221,19 +221,7 @@ type LimiterStats struct {
 	CookiePassed uint64
 	// Nodes has one entry per active node: IPv4 levels finest first, IPv6 levels,
 	// then the port and total nodes when on.
-	Nodes []LimiterNodeStats
-}
-
-// LimiterNodeStats are one node's settings and counters.
-type LimiterNodeStats struct {
-	Node LimiterNode
-	// Limit is the node's limit in packets per second.
-	Limit float64
-	// Packets is the number of packets counted at the node.
-	Packets uint64
-	// Limited is the number of packets this node limited (the first node whose limit
-	// the packet's draw exceeded).
-	Limited uint64
+	Nodes []NodeStats
 }
 
 // NewLimiter returns a Limiter enforcing cfg's request limits (requests-per-second,
@@ -290,16 +278,16 @@ func newLimiterParams(cfg *Config) (*limiterParams, error) {
 				return nil, fmt.Errorf("rrl: request level /%d out of range", lv.PrefixLen)
 			}
 			n := first + i
-			// A positive limit too small for a Fixed is the smallest one, not 0 (off).
-			p.limit[n] = max(FixedFromFloat(lv.Limit), 1)
+			// A positive limit too small for a fixed is the smallest one, not 0 (off).
+			p.limit[n] = max(fixedFromFloat(lv.Limit), 1)
 			p.prefix[n] = lv.PrefixLen
 			p.name[n] = tag | LimiterNode(lv.PrefixLen)
 		}
 		p.levels[fam] = len(levels)
 	}
-	p.limit[nodePort] = FixedFromFloat(cfg.requestsPerSecond * cfg.sourcePortFactor)
+	p.limit[nodePort] = fixedFromFloat(cfg.requestsPerSecond * cfg.sourcePortFactor)
 	p.name[nodePort] = NodePort
-	p.limit[nodeTotal] = FixedFromFloat(cfg.totalRequests)
+	p.limit[nodeTotal] = fixedFromFloat(cfg.totalRequests)
 	p.name[nodeTotal] = NodeTotal
 	for n, limit := range p.limit {
 		p.trip[n] = tripCount(limit)
@@ -349,15 +337,15 @@ func (l *Limiter) Allow(src netip.AddrPort) bool {
 	return l.decideAt(src, coarseNanos(), rand.Uint32()).Allowed
 }
 
-// AllowAt judges a query from src arriving at now, in nanoseconds of a monotonic clock
+// allowAt judges a query from src arriving at now, in nanoseconds of a monotonic clock
 // (the kernel filter's is CLOCK_MONOTONIC at tick resolution), with rand a uniform
 // 32-bit random draw. Time that stands still or steps back counts the arrival without
 // decaying anything; negative times count as 0.
-func (l *Limiter) AllowAt(src netip.AddrPort, now int64, rand uint32) bool {
+func (l *Limiter) allowAt(src netip.AddrPort, now int64, rand uint32) bool {
 	return l.decideAt(src, now, rand).Allowed
 }
 
-// decideAt is AllowAt with the full verdict: which node limited the packet. A source
+// decideAt is allowAt with the full verdict: which node limited the packet. A source
 // that is not a valid address is passed uncounted.
 func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVerdict {
 	p := l.params.Load()
@@ -415,8 +403,8 @@ func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVe
 	// Then every node counts the arrival, and the first node whose limit the draw
 	// exceeds (u*rate >= limit) decides.
 	t := uint64(max(now, 0))
-	u := Fixed(rand) // the draw as a fraction in [0, 1)
-	decider, dj, dc := -1, 0, Fixed(0)
+	u := fixed(rand) // the draw as a fraction in [0, 1)
+	decider, dj, dc := -1, 0, fixed(0)
 	for j := range k {
 		n := ns[j]
 		c := l.sketch[n].arrive(hs[j], t)
@@ -483,7 +471,7 @@ func (l *Limiter) decideProvenAt(src netip.AddrPort, now int64, rand uint32) lim
 		h = mix64(mix64(l.seedv^binary.BigEndian.Uint64(a16[:8])) ^ binary.BigEndian.Uint64(a16[8:]))
 	}
 	c := l.sketch[n].arrive(h, uint64(max(now, 0)))
-	refused := c >= p.trip[n] && Fixed(rand).Mul(arrivalRate(c)) >= p.limit[n]
+	refused := c >= p.trip[n] && fixed(rand).Mul(arrivalRate(c)) >= p.limit[n]
 	if ev := l.events.Load(); ev != nil {
 		if refused {
 			l.limited(ev, p, n, h, src, now, arrivalRate(c))
@@ -532,7 +520,7 @@ func (l *Limiter) Stats() LimiterStats {
 		s.Limited += n
 	}
 	add := func(n int, packets uint64) {
-		s.Nodes = append(s.Nodes, LimiterNodeStats{p.name[n], p.limit[n].Float64(), packets, limited[n]})
+		s.Nodes = append(s.Nodes, NodeStats{p.name[n], p.limit[n].Float64(), packets, limited[n]})
 	}
 	for i := range p.levels[0] {
 		add(nodeIPv4First+i, s.IPv4)
@@ -559,12 +547,12 @@ func (l *Limiter) memoryBytes() int {
 func (l *Limiter) seed() uint64 { return l.seedv }
 
 // cell returns one sketch cell of a node.
-func (l *Limiter) cell(node, row int, col uint32) (count Fixed, last uint64) {
+func (l *Limiter) cell(node, row int, col uint32) (count fixed, last uint64) {
 	return l.sketch[node][row][col].load()
 }
 
 // nodeLimit returns a node's limit, 0 when the node is off.
-func (l *Limiter) nodeLimit(node int) Fixed { return l.params.Load().limit[node] }
+func (l *Limiter) nodeLimit(node int) fixed { return l.params.Load().limit[node] }
 
 // nodePrefix returns a node's prefix length (0 for the port and total nodes and for
 // unused level nodes).

@@ -772,7 +772,7 @@ func (f *Filter) heavyCells(n int) ([]sketchCell, error) {
 			var r []sketchCell
 			for col := 0; col < sketchWidth; col++ {
 				c := cells[(node*sketchDepth+row)*sketchWidth+col]
-				rate := cellRate(Fixed(c.Count), c.Last, now)
+				rate := cellRate(fixed(c.Count), c.Last, now)
 				if rate == 0 {
 					continue
 				}
@@ -784,7 +784,7 @@ func (f *Filter) heavyCells(n int) ([]sketchCell, error) {
 		slices.SortStableFunc(level, func(a, b sketchCell) int { return cmpRate(a.Rate, b.Rate) })
 		for i := range level {
 			level[i].Node = st.limiterNode()
-			level[i].Limit = Fixed(st.Limit).Float64()
+			level[i].Limit = fixed(st.Limit).Float64()
 		}
 		out = append(out, level...)
 	}
@@ -835,7 +835,7 @@ func (f *Filter) groupRates(src netip.AddrPort) ([]groupRate, error) {
 	var out []groupRate
 	any4 := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
 	for _, st := range s.steps(fam) {
-		limit := Fixed(st.Limit).Float64()
+		limit := fixed(st.Limit).Float64()
 		switch node := int(st.Node); node {
 		case nodePort:
 			if src.Port() != 0 {

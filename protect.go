@@ -200,7 +200,7 @@ func ProtectWithoutFilter() ProtectOption { return func(o *protectOptions) { o.n
 // errFilterOff is Status.Reason under ProtectWithoutFilter.
 var errFilterOff = errors.New("rrl: kernel filter turned off (ProtectWithoutFilter)")
 
-// ProtectHandler passes options to the Handler (WithWildcardFunc, WithClock;
+// ProtectHandler passes options to the Handler (WithWildcardFunc, withClock;
 // WithCookies is ProtectCookies' job).
 func ProtectHandler(opts ...HandlerOption) ProtectOption {
 	return func(o *protectOptions) { o.handler = append(o.handler, opts...) }

@@ -45,17 +45,17 @@ func resolverInFlood(t *testing.T, dst netip.AddrPort, net24 byte, learn bool) r
 	ask := func(id uint16) bool {
 		q := new(dns.Msg)
 		q.SetQuestion(fmt.Sprintf("q%d.example.test.", id), dns.TypeA)
-		SetCookie(q, cookie)
+		setCookie(q, cookie)
 		r, _, err := udp.Exchange(q, dst.String())
 		if err != nil || len(r.Answer) != 1 {
 			return false
 		}
-		if c, ok := CookieFromMsg(r); ok && len(c) == CookieLen && learn {
+		if c, ok := cookieFromMsg(r); ok && len(c) == cookieLen && learn {
 			cookie = c
 		}
 		return true
 	}
-	if learn && (!ask(0) || len(cookie) != CookieLen) {
+	if learn && (!ask(0) || len(cookie) != cookieLen) {
 		t.Fatalf("first answer: no server cookie learned (%x)", cookie)
 	}
 

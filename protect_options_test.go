@@ -37,11 +37,11 @@ func TestProtectCookieOptions(t *testing.T) {
 	requireBPF(t)
 	c := NewCookies(CookieSecret{1, 2, 3})
 	stamp := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	p, addr := startProtected(t, nil, ProtectCookies(c), ProtectHandler(WithClock(func() time.Time { return stamp })))
+	p, addr := startProtected(t, nil, ProtectCookies(c), ProtectHandler(withClock(func() time.Time { return stamp })))
 	if p.Cookies() != c || !p.Status().KernelCookies {
 		t.Fatalf("Cookies %p (want %p), status %v", p.Cookies(), c, p.Status())
 	}
-	cookie, ok := CookieFromMsg(exchangeCookie(t, addr))
+	cookie, ok := cookieFromMsg(exchangeCookie(t, addr))
 	if !ok {
 		t.Fatal("no cookie in the answer")
 	}
@@ -57,7 +57,7 @@ func TestProtectCookieOptions(t *testing.T) {
 	if q.Cookies() != nil || q.Status().KernelCookies {
 		t.Fatalf("without cookies: Cookies %v, status %v", q.Cookies(), q.Status())
 	}
-	if cookie, ok := CookieFromMsg(exchangeCookie(t, addr2)); ok && len(cookie) > ClientCookieLen {
+	if cookie, ok := cookieFromMsg(exchangeCookie(t, addr2)); ok && len(cookie) > clientCookieLen {
 		t.Errorf("without cookies the answer carries a server cookie: %x", cookie)
 	}
 }

@@ -190,7 +190,7 @@ func TestProtectTCPAndStatus(t *testing.T) {
 	if r, _, err = cl.Exchange(q, addr.String()); err != nil || len(r.Answer) != 1 {
 		t.Fatalf("UDP exchange: %v %v", r, err)
 	}
-	if c, ok := CookieFromMsg(r); !ok || len(c) != ClientCookieLen+16 {
+	if c, ok := cookieFromMsg(r); !ok || len(c) != clientCookieLen+16 {
 		t.Errorf("answer to a client cookie carries cookie %x, want a server cookie (cookies on by default)", c)
 	}
 	if len(p.TCPLimiters()) != 1 {
