@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/dnsrake/rrl/tcplimit"
 	"net"
 	"net/netip"
 	"slices"
@@ -58,7 +59,7 @@ type Protection struct {
 	cookieReason  error // why the eBPF filter does not verify the cookies, or nil
 	socks         []*heldSocket
 	udp           []*net.UDPConn // the sockets of Protect and AddUDP, in order
-	tcp           []*TCPLimiter
+	tcp           []*tcplimit.Listener
 	done          bool
 	watch         *kernelWatch // the eBPF filter's limiting events; nil without that filter
 }
@@ -207,7 +208,7 @@ func ProtectHandler(opts ...HandlerOption) ProtectOption {
 }
 
 // ProtectTCPConnsPerClient sets the concurrent TCP connections each client may hold
-// (DefaultTCPConnsPerClient by default).
+// (tcplimit.DefaultConnsPerClient by default).
 func ProtectTCPConnsPerClient(n int) ProtectOption {
 	return func(o *protectOptions) { o.tcpPerConn = n }
 }
@@ -795,9 +796,9 @@ const tcpReadTimeout = 5 * time.Second
 func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 	per := p.opts.tcpPerConn
 	if per == 0 {
-		per = DefaultTCPConnsPerClient
+		per = tcplimit.DefaultConnsPerClient
 	}
-	t := LimitListener(l, per)
+	t := tcplimit.LimitListener(l, per)
 	p.mu.Lock()
 	p.tcp = append(p.tcp, t)
 	p.mu.Unlock()
@@ -807,10 +808,10 @@ func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 }
 
 // TCPLimiters returns the connection limiters of the listeners given to TCPServer.
-func (p *Protection) TCPLimiters() []*TCPLimiter {
+func (p *Protection) TCPLimiters() []*tcplimit.Listener {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]*TCPLimiter(nil), p.tcp...)
+	return append([]*tcplimit.Listener(nil), p.tcp...)
 }
 
 // Update applies cfg to every layer at once, keeping the response accounts, the

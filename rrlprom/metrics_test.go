@@ -1,6 +1,7 @@
 package rrlprom
 
 import (
+	"github.com/dnsrake/rrl/tcplimit"
 	"net"
 	"net/netip"
 	"strings"
@@ -167,7 +168,7 @@ func TestCollectorLimiters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl := rrl.LimitListener(inner, 1)
+	tl := tcplimit.LimitListener(inner, 1)
 	defer tl.Close()
 
 	c := NewCollector("", nil, CollectLimiter(lim), CollectTCPLimiter(tl))
