@@ -98,37 +98,24 @@ type Handler struct {
 	configured   sync.Map // *dns.Server: ConfigureServer was called for it
 }
 
-// HandlerOption configures a Handler.
-type HandlerOption func(*Handler)
-
-// WithCookies makes the Handler verify and issue DNS server cookies with c: queries
-// over UDP with a valid server cookie are not rate limited, responses to queries
-// with a client cookie carry a server cookie, slips become BADCOOKIE for them, and
-// malformed COOKIE options are answered with FORMERR.
-func WithCookies(c *Cookies) HandlerOption { return func(h *Handler) { h.cookies = c } }
-
-// withLimiter makes the Handler hold UDP queries to l's request limits before the
-// inner handler sees them, as a Protection's Handler does where the eBPF filter is
-// not in force; for tests of the Handler alone.
-func withLimiter(l *Limiter) HandlerOption { return func(h *Handler) { h.limiter = l } }
-
-// WithWildcardFunc gives the Handler a function that returns the wildcard origin of
-// a response the inner handler wrote (see ResponseTupleFromMsg), or "" when the
-// response was not synthesised. It is consulted only when the inner handler did not
-// call SetWildcardOrigin.
-func WithWildcardFunc(f func(resp *dns.Msg) string) HandlerOption {
-	return func(h *Handler) { h.wildcard = f }
+// NewHandler returns next wrapped in rate limiting by r. r must not be nil. Of the
+// options it heeds WithCookies and WithWildcardFunc; the Handler has no cookies
+// unless given them.
+func NewHandler(next dns.Handler, r *RRL, opts ...Option) *Handler {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	return newHandler(next, r, &o)
 }
 
-// withClock sets the clock server cookies are made and verified with (time.Now by
-// default), for tests. The RRL has its own (Config.SetNowFunc).
-func withClock(now func() time.Time) HandlerOption { return func(h *Handler) { h.now = now } }
-
-// NewHandler returns next wrapped in rate limiting by r. r must not be nil.
-func NewHandler(next dns.Handler, r *RRL, opts ...HandlerOption) *Handler {
-	h := &Handler{next: next, rrl: r, now: time.Now}
-	for _, o := range opts {
-		o(h)
+func newHandler(next dns.Handler, r *RRL, o *options) *Handler {
+	h := &Handler{next: next, rrl: r, now: time.Now, wildcard: o.wildcard, limiter: o.limiter}
+	if o.now != nil {
+		h.now = o.now
+	}
+	if !o.noCookies {
+		h.cookies = o.cookies
 	}
 	h.writers.New = func() any { return new(responseWriter) }
 	return h

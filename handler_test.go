@@ -398,10 +398,10 @@ func TestHandlerWildcard(t *testing.T) {
 	// inner handler says so itself or a hook does.
 	for _, tc := range []struct {
 		suffix string
-		opts   []HandlerOption
+		opts   []Option
 	}{
 		{".wild.example.test.", nil},
-		{".hook.example.test.", []HandlerOption{WithWildcardFunc(func(m *dns.Msg) string {
+		{".hook.example.test.", []Option{WithWildcardFunc(func(m *dns.Msg) string {
 			if len(m.Answer) > 0 && strings.HasSuffix(m.Answer[0].Header().Name, ".hook.example.test.") {
 				return "hook.example.test."
 			}
@@ -580,7 +580,7 @@ func benchHandler(tb testing.TB, cookie bool) (*Handler, *fakeWriter, *dns.Msg) 
 	}
 	w := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1).To4(), Port: 5000}}
 	q := query("www.example.test.", dns.TypeA, cookie)
-	var opts []HandlerOption
+	var opts []Option
 	if cookie {
 		c := NewCookies(CookieSecret{9})
 		opts = append(opts, WithCookies(c))
@@ -723,7 +723,7 @@ func floodServer(tb testing.TB, reader bool) (*net.UDPAddr, *atomic.Int64, *Limi
 		m.SetReply(req)
 		w.WriteMsg(m)
 	})
-	var opts []HandlerOption
+	var opts []Option
 	if !reader {
 		opts = append(opts, withLimiter(lim))
 	}

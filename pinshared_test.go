@@ -140,7 +140,7 @@ func servePinned(t *testing.T, dir, secret string) {
 	if err := cfg.SetValue("cookie-secret", secret); err != nil {
 		t.Fatal(err)
 	}
-	p, addr := startProtected(t, cfg, ProtectPinned(dir))
+	p, addr := startProtected(t, cfg, WithPinned(dir))
 	fmt.Printf("serving %s\n", addr)
 	var buf [1]byte
 	for {

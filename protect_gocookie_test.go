@@ -125,17 +125,17 @@ var goCookieModes = []struct {
 		return attachedHost(t, cfg)
 	}},
 	{"no filter, reader", false, func(t *testing.T, cfg *Config) (*Protection, netip.AddrPort) {
-		return startProtected(t, cfg, ProtectWithoutFilter())
+		return startProtected(t, cfg, WithoutFilter())
 	}},
 	{"no filter, Handler", false, func(t *testing.T, cfg *Config) (*Protection, netip.AddrPort) {
-		return attachedHost(t, cfg, ProtectWithoutFilter())
+		return attachedHost(t, cfg, WithoutFilter())
 	}},
 }
 
 // attachedHost opens a loopback socket, gives it to a Protection of NewProtection
 // with AttachLocal, and serves the Protection's Handler on it with a server of its
 // own, as CoreDNS does.
-func attachedHost(t *testing.T, cfg *Config, opts ...ProtectOption) (*Protection, netip.AddrPort) {
+func attachedHost(t *testing.T, cfg *Config, opts ...Option) (*Protection, netip.AddrPort) {
 	t.Helper()
 	conn, addr := listenLoopback(t)
 	p, err := NewProtection(answerA, cfg, opts...)

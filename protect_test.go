@@ -27,7 +27,7 @@ var answerA = dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
 
 // startProtected protects a new loopback UDP socket with cfg and serves answerA
 // on it; everything stops when t ends.
-func startProtected(t *testing.T, cfg *Config, opts ...ProtectOption) (*Protection, netip.AddrPort) {
+func startProtected(t *testing.T, cfg *Config, opts ...Option) (*Protection, netip.AddrPort) {
 	t.Helper()
 	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {

@@ -267,12 +267,12 @@ func startServer(c serverConfig) (*server, error) {
 		s.observer = new(observer)
 		zone = s.observer.inner(zone)
 	}
-	opts := []rrl.ProtectOption{rrl.ProtectTCPConnsPerClient(c.tcpConns)}
+	opts := []rrl.Option{rrl.WithTCPConnsPerClient(c.tcpConns)}
 	if c.noFilter {
-		opts = append(opts, rrl.ProtectWithoutFilter())
+		opts = append(opts, rrl.WithoutFilter())
 	}
 	if c.noCookies {
-		opts = append(opts, rrl.ProtectWithoutCookies())
+		opts = append(opts, rrl.WithoutCookies())
 	}
 	p, err := rrl.Protect(udp, zone, c.cfg, opts...)
 	if err != nil {
