@@ -69,7 +69,7 @@ import (
 //
 // Events. With Config.SetEventFunc the Limiter reports when it starts and stops
 // limiting a source group (LimitEvent with Account AccountGroup; see
-// limiterevents.go).
+// limiter_events.go).
 //
 // Use. With the kernel filter attached, the kernel does this work and the server
 // does nothing. Without it (no CAP_BPF), call Allow with the source of every query

@@ -29,7 +29,7 @@ import (
 // statistics are counted per processor, so calls for different client networks
 // proceed in parallel. Update changes the settings while Debit calls go on, keeping
 // the accounts. With Config.SetEventFunc it reports when it starts and stops limiting
-// an account (LimitEvent; see rrlevents.go for when). Create it with New or NewRRL;
+// an account (LimitEvent; see rrl_events.go for when). Create it with New or NewRRL;
 // the zero value is not usable.
 type RRL struct {
 	state atomic.Pointer[rrlState] // settings and table, replaced by Update

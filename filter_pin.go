@@ -38,7 +38,7 @@ package rrl
 //
 // rrl_config is not part of filter_bpf.c: it is an array map created from Go with two
 // values (a small header and the Config's keyword=value lines), one for each slot of
-// the double-buffered settings (settings.go), so that every process that opens the
+// the double-buffered settings (filter_settings.go), so that every process that opens the
 // pins, and `rrlctl set`, reads the Config of the slot in force: the one the filter
 // runs with.
 

@@ -14,7 +14,7 @@ import (
 // The account table keeps 16 bytes per account and no names, so an account that
 // starts being limited gets a record here, holding what the events name (client
 // network, category, name, type) and a count of its debits, and the record's index is
-// kept in the account's tag (table.go). Debits of accounts that are not limited, and
+// kept in the account's tag (rrl_table.go). Debits of accounts that are not limited, and
 // limited debits of accounts already followed, take no lock here: the first only test
 // the tag's record bits, the second also add one to the record's counter. Only the
 // transitions take the tracker's mutex.
