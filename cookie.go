@@ -319,10 +319,6 @@ func cookieFromMsg(m *dns.Msg) ([]byte, bool) { return dnscookie.FromMsg(m) }
 // setCookie puts cookie into m's first COOKIE option, adding one as needed.
 func setCookie(m *dns.Msg, cookie []byte) { dnscookie.Set(m, cookie) }
 
-// Cookies returns the Cookies the Handler verifies and issues server cookies with
-// (WithCookies), or nil when it has none.
-func (h *Handler) Cookies() *Cookies { return h.cookies }
-
 // rawCookie returns the content of the first COOKIE option of the first OPT record
 // in a DNS message as it came off the wire, and whether there was one, without
 // unpacking the message or allocating: the reader of a Protection's server looks for

@@ -121,6 +121,10 @@ func newHandler(next dns.Handler, r *RRL, o *options) *Handler {
 	return h
 }
 
+// Cookies returns the Cookies the Handler verifies and issues server cookies with
+// (WithCookies), or nil when it has none.
+func (h *Handler) Cookies() *Cookies { return h.cookies }
+
 // wildcardReporter is implemented by the ResponseWriter a Handler gives to the inner
 // handler. An inner handler that synthesises an answer from a wildcard calls
 // SetWildcardOrigin before writing it, with the name the wildcard hangs from (for
