@@ -12,7 +12,7 @@ package rrl
 // never torn or invented by the compiler. Atomic stores would give nothing more but
 // cost a locked instruction each: 16 per IPv4 packet, about 145 ns on the reference
 // machine, as much as the whole rest of the limiter. Under the race detector
-// (cell_atomic.go) the words are sync/atomic values instead, with the same results.
+// (countmin_cell_atomic.go) the words are sync/atomic values instead, with the same results.
 type cmCell struct {
 	count fixed
 	last  uint64
@@ -31,7 +31,7 @@ func (c *cmCell) store(count fixed, last uint64) {
 // victim, and the statistics counters, read by GetStats. A racing reader sees the
 // old or the new value, as for cmCell. Plain words keep the locked instructions of
 // atomic stores (20 to 30 cycles each, six per Debit) off the hot path; under the
-// race detector (cell_atomic.go) they are sync/atomic values.
+// race detector (countmin_cell_atomic.go) they are sync/atomic values.
 type ownedWord struct{ v uint64 }
 
 func (w *ownedWord) load() uint64   { return w.v }
