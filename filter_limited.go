@@ -73,7 +73,7 @@ func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) 
 		return nil, err
 	}
 	// The step in force for each limited counter: its node's cells give the
-	// group's current rate, as groupRates reads them.
+	// group's current rate, as GroupRates reads them.
 	steps := map[uint32]filterStep{}
 	for _, st := range s.activeNodes() {
 		steps[st.Limited] = st

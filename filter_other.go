@@ -17,7 +17,7 @@ import (
 var errNotLinux = fmt.Errorf("rrl: socket filters need Linux: %w", ErrNotSupported)
 
 // The Filter API is documented once, in the Linux files (attach.go, attach_local.go,
-// filter_pin.go, filter_stats.go, filter_limited.go, filter_cookies.go). Here every
+// filter_pin.go, filter_stats.go, filter_types.go, filter_limited.go, filter_cookies.go). Here every
 // call that would attach, open or read a kernel filter returns errNotLinux, Mode is
 // ModeNone, Config is nil, PinDir is "" and Close does nothing.
 
@@ -41,4 +41,6 @@ func (f *Filter) Config() *Config                                    { return ni
 func (f *Filter) PinDir() string                                     { return "" }
 func (f *Filter) LimitedGroups() ([]LimitedGroup, error)             { return nil, errNotLinux }
 func (f *Filter) UseCookies(c *Cookies) error                        { return errNotLinux }
+func (f *Filter) HeavyCells(n int) ([]SketchCell, error)             { return nil, errNotLinux }
+func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return nil, errNotLinux }
 func (f *Filter) limitedLook() ([]LimitedGroup, bool, error)         { return nil, false, errNotLinux }

@@ -109,8 +109,8 @@ func (s FilterStats) Dropped() uint64 {
 	return s.Seen - s.Passed
 }
 
-// sketchCell is one cell of a request-limiter sketch and its current rate estimate.
-type sketchCell struct {
+// SketchCell is one cell of a request-limiter sketch and its current rate estimate.
+type SketchCell struct {
 	Node   LimiterNode `json:"node"`   // the level, as in NodeStats ("ipv4/24", "port", ...)
 	Row    int         `json:"row"`    // sketch row (every group counts once in each row)
 	Column int         `json:"column"` // column within the row
@@ -118,8 +118,8 @@ type sketchCell struct {
 	Limit  float64     `json:"limit"`  // the level's limit per group
 }
 
-// groupRate is the filter's current rate estimate for one source group.
-type groupRate struct {
+// GroupRate is the filter's current rate estimate for one source group.
+type GroupRate struct {
 	Node  LimiterNode  `json:"node"`           // the level
 	Group netip.Prefix `json:"group"`          // the source masked to the level (0.0.0.0/0 for port and total)
 	Port  uint16       `json:"port,omitempty"` // the source port, for the port level
