@@ -16,75 +16,20 @@ import (
 	"unsafe"
 )
 
-// Limiter is the per-source request limiter: the Go model of the kernel socket
-// filter, and the fallback a server calls itself when eBPF cannot be loaded. It
-// decides, for each arriving query, whether the server should process it.
+// A Limiter is the per-source request limiter in Go: the model of the kernel socket
+// filter, and the limits a Protection applies where the eBPF filter is not in force.
+// Allow tells whether the server should process a query from a source.
 //
-// Algorithm. Sources are grouped at several nodes: for each prefix level of the
-// packet's family (Config's ipv4-request-levels / ipv6-request-levels plus the client
-// network, finest first) the group of sources sharing that prefix; the group of all
-// sources sharing the packet's source port; and all sources together (the capacity,
-// total-requests-per-second, off by default). Each node has a limit in packets per
-// second (the level's factor times requests-per-second, source-port-factor times
-// requests-per-second, or the capacity); a node with limit 0 is off. Every packet is
-// counted at all of its nodes, whether it is then dropped or not, and passes with
-// probability min(1, limit/rate) over its nodes, decided with one uniform draw u in
-// [0,1): it passes when u*rate < limit at every node. So a group over its limit is
-// trimmed to the limit rather than cut off, a packet that fits its own address's
-// limit can still be trimmed by its /24's, and everything outside an over-limit
-// group is untouched. IPv4-mapped IPv6 sources count as IPv4; sources in
-// exempt-clients pass uncounted; with report-only every packet passes and Stats
-// count what would have happened.
+// Sources are grouped at several levels (each prefix level of the source's family,
+// the source port, and all sources together), each with a limit in packets per
+// second. Every packet counts at all its levels and passes with probability
+// min(1, limit/rate) over them, so a group over its limit is trimmed to the limit
+// rather than cut off, and traffic outside it is untouched. Rates are estimated in
+// fixed-size sketches (768 KiB per Limiter, no per-source state). docs/request-limiter.md
+// has the details.
 //
-// Estimator. Each node has a CountMin sketch (2 rows of 2048 cells, keyed by a
-// per-Limiter random seed) whose cells hold an exponentially decayed count with a
-// half-life of 200 ms, in fixed point (see countmin.go): a steady rate is estimated
-// within 10% after 0.7 s (limiting starts within tens of milliseconds of a flood and
-// admits less than 10% over the limit after 0.7 s); a group that stops sending is
-// released once its decaying estimate falls under its limit, 200 ms times
-// log2(rate/limit) later (0.66 s at 10 times the limit, 1.3 s at 100 times); and
-// bursts are not mistaken for huge rates. The estimate of a random (Poisson) source is
-// noisy, with a relative standard deviation of 1/sqrt(2*rate*0.289 s), 13% at 100
-// packets per second, so the limit has a soft edge: with a limit of 100, a source at
-// 80 loses about 0.2% and one at 100 about 5%. Sharing cells can only over-estimate a
-// group, by at most 0.13% of its node's total traffic with probability 86% per
-// group, and both rows must collide to matter.
-//
-// Memory is constant: 12 sketches of 64 KiB, 768 KiB in all, allocated
-// by NewLimiter. No per-source state exists, so spoofed random sources cannot fill a
-// table.
-//
-// Because dropped packets count too (an attacker cannot lower its measured rate by
-// being dropped), a group far over its limit also loads the coarser groups that
-// contain it: a /24 sending 20 times requests-per-second keeps its /16 (limit 16
-// times by default) over its limit, so other networks in that /16 are trimmed too,
-// to 16/20 of their traffic; networks outside it are untouched.
-//
-// Concurrency. All methods are safe for concurrent use and take no locks on the
-// per-packet path (Allow, allowAt): each sketch cell is updated by a
-// load, a computation and a store of its two words, so simultaneous arrivals on one
-// cell may occasionally count once instead of twice, as in the kernel's shared
-// maps (see cmCell). The counters are atomic. Update may be called while packets are
-// being judged.
-//
-// Events. With Config.SetEventFunc the Limiter reports when it starts and stops
-// limiting a source group (LimitEvent with Account AccountGroup; see
-// limiter_events.go).
-//
-// Use. With the kernel filter attached, the kernel does this work and the server
-// does nothing. Without it (no CAP_BPF), call Allow with the source of every query
-// right after reading it, before parsing, and drop the query when it returns false:
-//
-//	n, src, err := conn.ReadFromUDPAddrPort(buf)
-//	if err != nil { ... }
-//	if !limiter.Allow(src) {
-//		continue // over its group's limit: no parsing, no response
-//	}
-//
-// allowAt takes the clock and the random draw as arguments, for tests
-// and for replaying the kernel program's inputs.
-//
-// Create a Limiter with NewLimiter; the zero value is not usable.
+// All methods are safe for concurrent use. Create a Limiter with NewLimiter; the zero
+// value is not usable.
 type Limiter struct {
 	seedv  uint64
 	mix0   uint64 // mix64(seedv): the first step of sketchHash when hi is 0
