@@ -31,7 +31,7 @@ const layoutVersion = 9
 //
 // Its maps take about 1.3 MiB of kernel memory whatever the traffic: the sketches
 // (768 KiB), the settings (three entries of 8.3 KiB, mostly the reflection-port
-// bitmap: a header and two slots, see settings.go), the limited groups (an LRU hash
+// bitmap: a header and two slots, see filter_settings.go), the limited groups (an LRU hash
 // of 4096 entries, about 510 KiB preallocated, see LimitedGroups), per-CPU counters
 // (1.4 KiB per CPU) and two small exempt-prefix tries.
 //
@@ -47,8 +47,8 @@ type Filter struct {
 	seed     uint64
 	objs     *kernelObjects
 	sockets  []*attachedSocket // sockets attached, checked against socketOwners
-	pin      *pinState         // opened from pins (pin.go): Close leaves the pins in place
-	cookies  *kernelCookies    // the secrets of UseCookies (kernelcookie.go)
+	pin      *pinState         // opened from pins (filter_pin.go): Close leaves the pins in place
+	cookies  *kernelCookies    // the secrets of UseCookies (filter_cookies.go)
 	capacity filterCapacity    // the capacity controller (capacity_linux.go)
 }
 
@@ -61,11 +61,11 @@ type kernelObjects struct {
 	Counters *ebpf.Map     `ebpf:"rrl_counters"`
 	Exempt4  *ebpf.Map     `ebpf:"rrl_exempt4"`
 	Exempt6  *ebpf.Map     `ebpf:"rrl_exempt6"`
-	// The server cookie secrets (kernelcookie.go); nil for a pinned filter opened
+	// The server cookie secrets (filter_cookies.go); nil for a pinned filter opened
 	// without write access to them. The lookup's per-CPU scratch map is only the
 	// program's: the loader creates it, and the program holds it.
 	CookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
-	// The groups the request limiter refused lately (limited.go).
+	// The groups the request limiter refused lately (filter_limited.go).
 	Limited *ebpf.Map `ebpf:"rrl_limited"`
 }
 
@@ -509,7 +509,7 @@ var coarseTick = sync.OnceValue(func() uint64 {
 	return uint64(res.Nano())
 })
 
-// writeSettings makes cfg the configuration the kernel runs (settings.go): it checks
+// writeSettings makes cfg the configuration the kernel runs (filter_settings.go): it checks
 // everything first, and leaves the previous configuration in force on any error.
 func (f *Filter) writeSettings(cfg *Config) error {
 	cfg = f.capacityConfig(cfg) // capacity_linux.go: the water level in force

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/asm"
-	"github.com/dnsrake/rrl/internal/inspect"
 	"golang.org/x/sys/unix"
 )
 
@@ -212,11 +211,11 @@ func TestNilFilter(t *testing.T) {
 	if err := f.Update(NewConfig()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Update: %v", err)
 	}
-	if _, err := f.heavyCells(1); !errors.Is(err, ErrClosed) {
-		t.Errorf("heavyCells: %v", err)
+	if _, err := f.HeavyCells(1); !errors.Is(err, ErrClosed) {
+		t.Errorf("HeavyCells: %v", err)
 	}
-	if _, err := f.groupRates(netip.MustParseAddrPort("127.0.0.1:1")); !errors.Is(err, ErrClosed) {
-		t.Errorf("groupRates: %v", err)
+	if _, err := f.GroupRates(netip.MustParseAddrPort("127.0.0.1:1")); !errors.Is(err, ErrClosed) {
+		t.Errorf("GroupRates: %v", err)
 	}
 	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -274,19 +273,5 @@ func TestClassicUpdateAllOrNothing(t *testing.T) {
 	})
 	if got := f.Config().Values(); fmt.Sprint(got) != fmt.Sprint(NewConfig().Values()) {
 		t.Errorf("Config after the failed Update: %v", got)
-	}
-}
-
-// TestInspectHooks: rrlctl's sketch inspection is registered, and refuses anything
-// but a Filter.
-func TestInspectHooks(t *testing.T) {
-	if inspect.HeavyCells == nil || inspect.GroupRates == nil {
-		t.Fatal("inspect hooks not registered")
-	}
-	if _, err := inspect.HeavyCells(42, 1); err == nil {
-		t.Error("HeavyCells(42): no error")
-	}
-	if _, err := inspect.GroupRates((*Filter)(nil), netip.MustParseAddrPort("127.0.0.1:1")); !errors.Is(err, ErrClosed) {
-		t.Errorf("GroupRates(nil Filter): %v, want ErrClosed", err)
 	}
 }

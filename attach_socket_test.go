@@ -397,7 +397,7 @@ func TestLiveExemptClients(t *testing.T) {
 
 // TestLiveClockOnMonotonic: the program's clock, counted in jiffies and turned into
 // nanoseconds with the coarse clock's resolution, stays on CLOCK_MONOTONIC (the clock
-// groupRates and heavyCells decay cells against) within a tick or two, across more
+// GroupRates and HeavyCells decay cells against) within a tick or two, across more
 // than one resynchronisation of its offset; and so does the coarse clock it reads
 // instead when the settings do not know the jiffy's length.
 func TestLiveClockOnMonotonic(t *testing.T) {

@@ -110,11 +110,11 @@ const (
 
 // capacityParams are a limiter's capacity settings: the water level in force and,
 // for every node it adjusts, its factor (0: not adjusted) and its limit without the
-// water level (FixedMax for none).
+// water level (fixedMax for none).
 type capacityParams struct {
 	on     bool
 	factor [numNodes]float64
-	base   [numNodes]Fixed
+	base   [numNodes]fixed
 	level  float64 // 0 or +Inf: none
 }
 
@@ -144,7 +144,7 @@ func (p *limiterParams) initCapacity(cfg *Config) {
 	}
 	if cfg.sourcePortFactor > 0 {
 		if p.limit[nodePort] == 0 {
-			p.limit[nodePort] = FixedMax // counted, not limited
+			p.limit[nodePort] = fixedMax // counted, not limited
 		}
 		c.factor[nodePort] = cfg.sourcePortFactor
 	}
@@ -167,8 +167,8 @@ func (p *limiterParams) applyLevel(level float64) {
 	for n := range numNodes {
 		limit := c.base[n]
 		if f := c.factor[n]; f > 0 && level > 0 {
-			// A positive limit too small for a Fixed is the smallest one, not 0 (off).
-			limit = min(limit, max(FixedFromFloat(level*f), 1))
+			// A positive limit too small for a fixed is the smallest one, not 0 (off).
+			limit = min(limit, max(fixedFromFloat(level*f), 1))
 		}
 		p.limit[n] = limit
 	}
@@ -401,7 +401,7 @@ const capacityPredict = capacityStepEvery / 2
 // A cell's rate is its arrivals since the previous read, when that was between 50 ms
 // and a second ago (else its estimate), and its estimate is where the sketch's
 // decaying count will be capacityPredict later at that rate.
-func (p *limiterParams) capacityNodes(now uint64, cell func(node, row, col int) (Fixed, uint64), s *capacityScratch) []capacityNode {
+func (p *limiterParams) capacityNodes(now uint64, cell func(node, row, col int) (fixed, uint64), s *capacityScratch) []capacityNode {
 	s.nodes = s.nodes[:0]
 	c := &p.capacity
 	dt := int64(now) - int64(s.prevAt)
@@ -469,9 +469,9 @@ func (p *limiterParams) capacityNodes(now uint64, cell func(node, row, col int) 
 	return s.nodes
 }
 
-// limitRate is a limit in queries per second, +Inf for FixedMax (none).
-func limitRate(f Fixed) float64 {
-	if f == FixedMax {
+// limitRate is a limit in queries per second, +Inf for fixedMax (none).
+func limitRate(f fixed) float64 {
+	if f == fixedMax {
 		return math.Inf(1)
 	}
 	return f.Float64()
@@ -480,7 +480,7 @@ func limitRate(f Fixed) float64 {
 // capacityNodes returns the Limiter's adjusted nodes at now (see
 // limiterParams.capacityNodes).
 func (l *Limiter) capacityNodes(now int64, s *capacityScratch) []capacityNode {
-	return l.params.Load().capacityNodes(uint64(max(now, 0)), func(node, row, col int) (Fixed, uint64) {
+	return l.params.Load().capacityNodes(uint64(max(now, 0)), func(node, row, col int) (fixed, uint64) {
 		return l.sketch[node][row][col].load()
 	}, s)
 }
@@ -498,9 +498,9 @@ type capacityInput struct {
 	// Admitted counts the queries the request limiter judged and passed: neither
 	// proven (valid server cookie) nor exempt.
 	Admitted uint64
-	// Fixed counts the queries passed without the limiter's judgement (proven,
+	// fixed counts the queries passed without the limiter's judgement (proven,
 	// exempt, not DNS): load the water level cannot shed.
-	Fixed uint64
+	fixed uint64
 	// Served counts the queries the server read.
 	Served uint64
 	// Overflow counts the queries lost because a receive queue was full.
@@ -597,7 +597,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	avg := func(r *float64, n uint64) { *r += a * (float64(n)/secs - *r) }
 	avg(&c.demand, diff(in.Demand, c.last.Demand))
 	avg(&c.admitted, diff(in.Admitted, c.last.Admitted))
-	avg(&c.fixed, diff(in.Fixed, c.last.Fixed))
+	avg(&c.fixed, diff(in.fixed, c.last.fixed))
 	avg(&c.served, d.served)
 	c.hist[c.nhist%capacityHistory] = d
 	c.nhist++

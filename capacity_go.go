@@ -26,9 +26,9 @@ func (g *limiterCapacity) sample(now int64) (capacityInput, error) {
 	in.Now = now
 	in.Overflow = g.queues.account(0)
 	in.Admitted = subFloor(judged, st.Limited)
-	in.Fixed = st.Exempt
-	in.Served = in.Admitted + in.Fixed
-	in.Demand = judged + in.Fixed + in.Overflow
+	in.fixed = st.Exempt
+	in.Served = in.Admitted + in.fixed
+	in.Demand = judged + in.fixed + in.Overflow
 	return in, nil
 }
 

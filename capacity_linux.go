@@ -150,8 +150,8 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	stateless := sum[counterDropShort] + sum[counterDropResponse] + sum[counterDropReflection]
 	in.Now = now
 	in.Demand = sum[counterSeen] - stateless
-	in.Fixed = sum[counterNotDNS] + sum[counterExempt] + sum[counterCookiePassed]
-	in.Admitted = subFloor(in.Demand, in.Fixed+limited)
+	in.fixed = sum[counterNotDNS] + sum[counterExempt] + sum[counterCookiePassed]
+	in.Admitted = subFloor(in.Demand, in.fixed+limited)
 	in.Overflow = k.queues.account(subFloor(sum[counterSeen], sum[counterPassed]))
 	in.Served = subFloor(sum[counterPassed], in.Overflow)
 	return in, nil
@@ -175,7 +175,7 @@ func (k *kernelCapacity) nodes(now int64) []capacityNode {
 		k.cfg, k.params = f.cfg, latticeOf(f.cfg)
 	}
 	node := -1
-	read := func(n, row, col int) (Fixed, uint64) {
+	read := func(n, row, col int) (fixed, uint64) {
 		if n != node {
 			node = n
 			if _, err := k.mem.ReadAt(k.cells, int64(n*len(k.cells))); err != nil {
@@ -183,7 +183,7 @@ func (k *kernelCapacity) nodes(now int64) []capacityNode {
 			}
 		}
 		c := k.cells[(row*sketchWidth+col)*cellBytes:]
-		return Fixed(binary.NativeEndian.Uint64(c)), binary.NativeEndian.Uint64(c[8:])
+		return fixed(binary.NativeEndian.Uint64(c)), binary.NativeEndian.Uint64(c[8:])
 	}
 	return k.params.capacityNodes(uint64(now), read, &k.cellsS)
 }

@@ -270,7 +270,7 @@ type simResult struct {
 	overloaded   []bool
 	limiter      *Limiter
 	ctrl         *capacityController
-	limits       [][numNodes]Fixed // the limits in force at each sample
+	limits       [][numNodes]fixed // the limits in force at each sample
 }
 
 // run simulates dur with 1 ms steps.
@@ -336,9 +336,9 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 			res.sent[src.name][sec]++
 			in.Demand++
 			if src.proven {
-				in.Fixed++
+				in.fixed++
 			} else {
-				if !l.AllowAt(src.addr(r), at, r.Uint32()) {
+				if !l.allowAt(src.addr(r), at, r.Uint32()) {
 					continue
 				}
 				in.Admitted++
@@ -562,7 +562,7 @@ func TestCapacitySimCeiling(t *testing.T) {
 	res := simServer{capacity: simC, queueLen: 256, requestsPerSec: 200}.run(t, 4*time.Second,
 		append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
 	for i, lim := range res.limits {
-		if lim[nodeIPv4First+1] > FixedFromFloat(200) {
+		if lim[nodeIPv4First+1] > fixedFromFloat(200) {
 			t.Fatalf("sample %d: /24 limit %v over requests-per-second", i, lim[nodeIPv4First+1].Float64())
 		}
 	}

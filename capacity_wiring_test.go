@@ -33,8 +33,8 @@ func limiterLimits(l *Limiter) map[string]float64 {
 	return out
 }
 
-// lifted is the limit a node shows with none: the largest Fixed.
-var lifted = FixedMax.Float64()
+// lifted is the limit a node shows with none: the largest fixed.
+var lifted = fixedMax.Float64()
 
 // TestLimiterCapacityLevel: with capacity on every level counts, unlimited without
 // requests-per-second; the water level sets each adjusted node to its factor times
@@ -117,7 +117,7 @@ func TestLimiterCapacityLevelJudges(t *testing.T) {
 		for i := int64(0); from+time.Duration(i)*time.Millisecond < to; i++ {
 			now := int64(from) + i*int64(time.Millisecond)
 			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i % 200)}), 1000+uint16(i%50000))
-			if l.AllowAt(src, now, uint32(i*2654435761)) {
+			if l.allowAt(src, now, uint32(i*2654435761)) {
 				passed++
 			}
 			n++
@@ -147,7 +147,7 @@ func TestProtectCapacityGoLimiter(t *testing.T) {
 	}
 	defer udp.Close()
 	cfg := capacityConfig(t, 3000)
-	p, err := Protect(udp, dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {}), cfg, ProtectWithoutFilter())
+	p, err := Protect(udp, dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {}), cfg, WithoutFilter())
 	if err != nil {
 		t.Fatal(err)
 	}

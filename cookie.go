@@ -3,7 +3,6 @@ package rrl
 import (
 	"crypto/subtle"
 	"encoding/binary"
-	"encoding/hex"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -11,14 +10,15 @@ import (
 	"time"
 
 	"github.com/dchest/siphash"
+	"github.com/dnsrake/rrl/internal/dnscookie"
 	"github.com/miekg/dns"
 )
 
 // DNS cookie sizes (RFC 7873 section 4) and the RFC 9018 server cookie layout.
 const (
-	ClientCookieLen    = 8  // a client cookie is exactly 8 bytes
-	ServerCookieLen    = 16 // an RFC 9018 server cookie: version, reserved, timestamp, hash
-	CookieLen          = ClientCookieLen + ServerCookieLen
+	clientCookieLen    = dnscookie.ClientLen // a client cookie is exactly 8 bytes
+	serverCookieLen    = dnscookie.ServerLen // an RFC 9018 server cookie: version, reserved, timestamp, hash
+	cookieLen          = dnscookie.Len
 	minServerCookieLen = 8  // RFC 7873 allows server cookies of 8..32 bytes
 	maxServerCookieLen = 32 //
 	cookieVersion      = 1  // RFC 9018 version 1: SipHash-2-4
@@ -49,7 +49,7 @@ const (
 	CookieBad                              // a server cookie of the right size that this server did not make for this client
 	CookieExpired                          // made by this server, but outside -3600 s..+300 s of now
 	CookieMalformed                        // option length not 8 or 16..40: answer FORMERR
-	CookieResultLast                       // number of results; not a result
+	cookieResultLast                       // number of results; not a result
 )
 
 var cookieResultNames = [...]string{
@@ -109,7 +109,7 @@ type cookieKeys struct {
 // ClearPrevious then reach every such filter before they return.
 //
 // Make one with NewCookies (the zero value has no secret and panics). The methods
-// are safe for concurrent use; Verify and AppendCookie do not lock and do not
+// are safe for concurrent use; Verify and appendCookie do not lock and do not
 // allocate.
 type Cookies struct {
 	keys atomic.Pointer[cookieKeys]
@@ -211,27 +211,27 @@ func (c *Cookies) setSecrets(current CookieSecret, previous *CookieSecret) {
 	c.publish()
 }
 
-// Generate returns a full cookie (CookieLen bytes: the client cookie followed by a
+// Generate returns a full cookie (cookieLen bytes: the client cookie followed by a
 // new server cookie) for a client at address client, timestamped now. clientCookie
 // holds at least the 8-byte client cookie; anything after it (the rest of the
 // query's COOKIE option) is ignored. Generate returns nil when clientCookie is
 // shorter than 8 bytes.
 func (c *Cookies) Generate(clientCookie []byte, client netip.Addr, now time.Time) []byte {
-	if len(clientCookie) < ClientCookieLen {
+	if len(clientCookie) < clientCookieLen {
 		return nil
 	}
-	return c.AppendCookie(make([]byte, 0, CookieLen), clientCookie, client, now)
+	return c.appendCookie(make([]byte, 0, cookieLen), clientCookie, client, now)
 }
 
-// AppendCookie is Generate appending the cookie to dst; it does not allocate when
-// dst has room for CookieLen more bytes. It returns dst unchanged when clientCookie is
+// appendCookie is Generate appending the cookie to dst; it does not allocate when
+// dst has room for cookieLen more bytes. It returns dst unchanged when clientCookie is
 // shorter than 8 bytes.
-func (c *Cookies) AppendCookie(dst, clientCookie []byte, client netip.Addr, now time.Time) []byte {
-	if len(clientCookie) < ClientCookieLen {
+func (c *Cookies) appendCookie(dst, clientCookie []byte, client netip.Addr, now time.Time) []byte {
+	if len(clientCookie) < clientCookieLen {
 		return dst
 	}
-	var in [ClientCookieLen + 8 + 16]byte
-	copy(in[:ClientCookieLen], clientCookie)
+	var in [clientCookieLen + 8 + 16]byte
+	copy(in[:clientCookieLen], clientCookie)
 	in[8] = cookieVersion // version; reserved bytes 9..11 stay zero
 	binary.BigEndian.PutUint32(in[12:16], uint32(now.Unix()))
 	h := c.keys.Load().current.hash(&in, client)
@@ -257,7 +257,7 @@ func (k sipKey) hash(in *[32]byte, client netip.Addr) uint64 {
 }
 
 // Verify judges the content of a query's COOKIE option, cookie (as returned by
-// CookieFromMsg), from client at time now. A nil cookie means the query had no
+// cookieFromMsg), from client at time now. A nil cookie means the query had no
 // COOKIE option; an empty non-nil one is an option of length 0, which is malformed.
 //
 // The lengths RFC 7873 allows are 8 (client cookie only) and 16 to 40 (client and
@@ -273,11 +273,11 @@ func (c *Cookies) Verify(cookie []byte, client netip.Addr, now time.Time) Cookie
 	switch n := len(cookie); {
 	case cookie == nil:
 		return CookieNone
-	case n == ClientCookieLen:
+	case n == clientCookieLen:
 		return CookieClientOnly
-	case n < ClientCookieLen+minServerCookieLen || n > ClientCookieLen+maxServerCookieLen:
+	case n < clientCookieLen+minServerCookieLen || n > clientCookieLen+maxServerCookieLen:
 		return CookieMalformed
-	case n != CookieLen:
+	case n != cookieLen:
 		return CookieBad // a valid size, but not a server cookie of ours
 	}
 	if cookie[8] != cookieVersion {
@@ -313,52 +313,11 @@ func (k sipKey) matches(in *[32]byte, client netip.Addr, want []byte) bool {
 	return subtle.ConstantTimeCompare(got[:], want) == 1
 }
 
-// CookieFromMsg returns the content of the first EDNS0 COOKIE option of m (RFC 7873
-// section 5.2 processes only the first) and whether there was one. The content is
-// returned whatever its length, non-nil even when empty, so that Verify can tell a
-// malformed option from a missing one. An option that is not valid hex (possible
-// only for a message built in code, never for one unpacked from the wire) is
-// returned as empty, hence malformed.
-func CookieFromMsg(m *dns.Msg) ([]byte, bool) {
-	opt := m.IsEdns0()
-	if opt == nil {
-		return nil, false
-	}
-	for _, o := range opt.Option {
-		if c, ok := o.(*dns.EDNS0_COOKIE); ok {
-			b, err := hex.DecodeString(c.Cookie)
-			if err != nil || b == nil {
-				b = []byte{}
-			}
-			return b, true
-		}
-	}
-	return nil, false
-}
+// cookieFromMsg returns the content of m's first COOKIE option and whether it has one.
+func cookieFromMsg(m *dns.Msg) ([]byte, bool) { return dnscookie.FromMsg(m) }
 
-// SetCookie puts cookie into m's first EDNS0 COOKIE option, adding the option, and
-// an OPT record advertising a 1232-byte payload when m has none, as needed. A server
-// answering a query that carried a client cookie uses it to return the full cookie
-// from Generate.
-func SetCookie(m *dns.Msg, cookie []byte) {
-	opt := m.IsEdns0()
-	if opt == nil {
-		m.SetEdns0(1232, false)
-		opt = m.IsEdns0()
-	}
-	s := hex.EncodeToString(cookie)
-	for _, o := range opt.Option {
-		if c, ok := o.(*dns.EDNS0_COOKIE); ok {
-			c.Cookie = s
-			return
-		}
-	}
-	opt.Option = append(opt.Option, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: s})
-}
-
-// Cookies returns the Cookies the Handler verifies and issues server cookies with
-// (WithCookies), or nil when it has none.
-func (h *Handler) Cookies() *Cookies { return h.cookies }
+// setCookie puts cookie into m's first COOKIE option, adding one as needed.
+func setCookie(m *dns.Msg, cookie []byte) { dnscookie.Set(m, cookie) }
 
 // rawCookie returns the content of the first COOKIE option of the first OPT record
 // in a DNS message as it came off the wire, and whether there was one, without

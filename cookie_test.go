@@ -117,7 +117,7 @@ func TestCookiesRFC9018Vectors(t *testing.T) {
 				t.Errorf("Verify = %v, want %v", got, tt.verdict)
 			}
 			got := c.Generate(query, client, now)
-			if len(tt.reply) == 2*CookieLen {
+			if len(tt.reply) == 2*cookieLen {
 				if want := mustHex(t, tt.reply); !bytes.Equal(got, want) {
 					t.Errorf("Generate = %x, want %x", got, want)
 				}
@@ -267,7 +267,7 @@ func TestCookieOptionLengths(t *testing.T) {
 		}
 		q := new(dns.Msg)
 		q.SetQuestion("www.example.test.", dns.TypeA)
-		SetCookie(q, content)
+		setCookie(q, content)
 		wire, err := q.Pack()
 		if err != nil {
 			t.Fatalf("length %d: pack: %v", n, err)
@@ -276,9 +276,9 @@ func TestCookieOptionLengths(t *testing.T) {
 		if err := back.Unpack(wire); err != nil {
 			t.Fatalf("length %d: unpack: %v", n, err)
 		}
-		got, ok := CookieFromMsg(&back)
+		got, ok := cookieFromMsg(&back)
 		if !ok || got == nil || !bytes.Equal(got, content) {
-			t.Fatalf("length %d: CookieFromMsg = %x, %v; want %x, true", n, got, ok, content)
+			t.Fatalf("length %d: cookieFromMsg = %x, %v; want %x, true", n, got, ok, content)
 		}
 		if v := c.Verify(got, client, now); v != wantForLength(n) {
 			t.Errorf("length %d: %v, want %v", n, v, wantForLength(n))
@@ -289,11 +289,11 @@ func TestCookieOptionLengths(t *testing.T) {
 func TestCookieFromMsg(t *testing.T) {
 	q := new(dns.Msg)
 	q.SetQuestion("www.example.test.", dns.TypeA)
-	if b, ok := CookieFromMsg(q); ok || b != nil {
+	if b, ok := cookieFromMsg(q); ok || b != nil {
 		t.Errorf("no OPT: %x, %v", b, ok)
 	}
 	q.SetEdns0(1232, false)
-	if b, ok := CookieFromMsg(q); ok || b != nil {
+	if b, ok := cookieFromMsg(q); ok || b != nil {
 		t.Errorf("OPT without cookie: %x, %v", b, ok)
 	}
 	if got := NewCookies(CookieSecret{}).Verify(nil, netip.Addr{}, time.Unix(0, 0)); got != CookieNone {
@@ -304,25 +304,25 @@ func TestCookieFromMsg(t *testing.T) {
 		&dns.EDNS0_NSID{Code: dns.EDNS0NSID},
 		&dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0102030405060708"},
 		&dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "ff"})
-	if b, ok := CookieFromMsg(q); !ok || hex.EncodeToString(b) != "0102030405060708" {
+	if b, ok := cookieFromMsg(q); !ok || hex.EncodeToString(b) != "0102030405060708" {
 		t.Errorf("first of two cookies: %x, %v", b, ok)
 	}
-	SetCookie(q, mustHex(t, "0102030405060708aabbccddeeff00112233445566778899"))
-	if b, _ := CookieFromMsg(q); hex.EncodeToString(b) != "0102030405060708aabbccddeeff00112233445566778899" {
-		t.Errorf("SetCookie did not replace the first cookie: %x", b)
+	setCookie(q, mustHex(t, "0102030405060708aabbccddeeff00112233445566778899"))
+	if b, _ := cookieFromMsg(q); hex.EncodeToString(b) != "0102030405060708aabbccddeeff00112233445566778899" {
+		t.Errorf("setCookie did not replace the first cookie: %x", b)
 	}
 	if n := len(q.IsEdns0().Option); n != 3 {
-		t.Errorf("SetCookie changed the option count to %d", n)
+		t.Errorf("setCookie changed the option count to %d", n)
 	}
 	opt.Option[1].(*dns.EDNS0_COOKIE).Cookie = "zz" // only possible in code
-	if b, ok := CookieFromMsg(q); !ok || b == nil || len(b) != 0 {
+	if b, ok := cookieFromMsg(q); !ok || b == nil || len(b) != 0 {
 		t.Errorf("invalid hex: %x, %v; want empty, true", b, ok)
 	}
 }
 
 func TestCookieResultString(t *testing.T) {
 	seen := map[string]bool{}
-	for r := CookieNone; r < CookieResultLast; r++ {
+	for r := CookieNone; r < cookieResultLast; r++ {
 		s := r.String()
 		if s == "" || seen[s] {
 			t.Errorf("%d: name %q empty or repeated", r, s)
@@ -332,8 +332,8 @@ func TestCookieResultString(t *testing.T) {
 			t.Errorf("%v.Valid() = %v", r, r.Valid())
 		}
 	}
-	if got := CookieResultLast.String(); got != "CookieResult(7)" {
-		t.Errorf("CookieResultLast.String() = %q", got)
+	if got := cookieResultLast.String(); got != "CookieResult(7)" {
+		t.Errorf("cookieResultLast.String() = %q", got)
 	}
 }
 
@@ -342,20 +342,20 @@ func TestCookiesNoAlloc(t *testing.T) {
 	c.SetPrevious(mustSecret(t, rfcOldSecret))
 	v4, v6 := netip.MustParseAddr("198.51.100.100"), netip.MustParseAddr("2001:db8::1")
 	now := time.Unix(1559731985, 0)
-	buf := make([]byte, 0, CookieLen)
+	buf := make([]byte, 0, cookieLen)
 	cc := mustHex(t, "2464c4abcf10c957")
 	full := c.Generate(cc, v6, now)
 	allocs := testing.AllocsPerRun(100, func() {
-		buf = c.AppendCookie(buf[:0], cc, v4, now)
+		buf = c.appendCookie(buf[:0], cc, v4, now)
 		if c.Verify(buf, v4, now) != CookieValid || c.Verify(full, v6, now) != CookieValid {
 			panic("not valid")
 		}
 	})
 	if allocs != 0 {
-		t.Errorf("%v allocations per AppendCookie+Verify, want 0", allocs)
+		t.Errorf("%v allocations per appendCookie+Verify, want 0", allocs)
 	}
-	if got := c.AppendCookie(buf[:0], cc[:7], v4, now); len(got) != 0 {
-		t.Errorf("AppendCookie with a 7-byte client cookie appended %x", got)
+	if got := c.appendCookie(buf[:0], cc[:7], v4, now); len(got) != 0 {
+		t.Errorf("appendCookie with a 7-byte client cookie appended %x", got)
 	}
 	if got := c.Generate(nil, v4, now); got != nil {
 		t.Errorf("Generate(nil) = %x, want nil", got)
@@ -414,7 +414,7 @@ func FuzzCookieVerify(f *testing.F) {
 		got := c.Verify(cookie, client, now)
 		n := len(cookie)
 		switch {
-		case got >= CookieResultLast:
+		case got >= cookieResultLast:
 			t.Fatalf("result %d out of range", got)
 		case (got == CookieMalformed) != (n != 8 && (n < 16 || n > 40)):
 			t.Fatalf("length %d: %v", n, got)
@@ -427,7 +427,7 @@ func FuzzCookieVerify(f *testing.F) {
 			return
 		}
 		made := c.Generate(cookie, client, now)
-		if len(made) != CookieLen || !bytes.Equal(made[:8], cookie[:8]) {
+		if len(made) != cookieLen || !bytes.Equal(made[:8], cookie[:8]) {
 			t.Fatalf("Generate = %x", made)
 		}
 		if v := c.Verify(made, client, now); v != CookieValid {
@@ -454,11 +454,11 @@ func BenchmarkCookies(b *testing.B) {
 				full = c.Generate(cc, client, now)
 			}
 		})
-		b.Run("AppendCookie/"+name, func(b *testing.B) {
+		b.Run("appendCookie/"+name, func(b *testing.B) {
 			b.ReportAllocs()
-			buf := make([]byte, 0, CookieLen)
+			buf := make([]byte, 0, cookieLen)
 			for b.Loop() {
-				buf = c.AppendCookie(buf[:0], cc, client, now)
+				buf = c.appendCookie(buf[:0], cc, client, now)
 			}
 		})
 		b.Run("Verify/"+name, func(b *testing.B) {
@@ -483,18 +483,18 @@ func BenchmarkCookies(b *testing.B) {
 	}
 	q := new(dns.Msg)
 	q.SetQuestion("www.example.test.", dns.TypeA)
-	SetCookie(q, c.Generate(cc, netip.MustParseAddr("198.51.100.100"), now))
-	b.Run("CookieFromMsg", func(b *testing.B) {
+	setCookie(q, c.Generate(cc, netip.MustParseAddr("198.51.100.100"), now))
+	b.Run("cookieFromMsg", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, ok := CookieFromMsg(q); !ok {
+			if _, ok := cookieFromMsg(q); !ok {
 				b.Fatal("no cookie")
 			}
 		}
 	})
 }
 
-// FuzzCookieFromMsg feeds arbitrary bytes through dns.Msg.Unpack into CookieFromMsg
+// FuzzCookieFromMsg feeds arbitrary bytes through dns.Msg.Unpack into cookieFromMsg
 // and Verify, and checks the verdict against the option's length.
 func FuzzCookieFromMsg(f *testing.F) {
 	c := NewCookies(mustSecret(f, rfcSecret))
@@ -503,7 +503,7 @@ func FuzzCookieFromMsg(f *testing.F) {
 	for _, content := range []string{"", "2464c4abcf10c957", "2464c4abcf10c957010000005cf79f111f8130c3eee29480", "00"} {
 		q := new(dns.Msg)
 		q.SetQuestion("example.com.", dns.TypeA)
-		SetCookie(q, mustHex(f, content))
+		setCookie(q, mustHex(f, content))
 		if wire, err := q.Pack(); err == nil {
 			f.Add(wire)
 		}
@@ -513,9 +513,9 @@ func FuzzCookieFromMsg(f *testing.F) {
 		if err := m.Unpack(wire); err != nil {
 			return
 		}
-		cookie, ok := CookieFromMsg(&m)
+		cookie, ok := cookieFromMsg(&m)
 		if ok != (cookie != nil) {
-			t.Fatalf("CookieFromMsg = %x, %v", cookie, ok)
+			t.Fatalf("cookieFromMsg = %x, %v", cookie, ok)
 		}
 		got := c.Verify(cookie, client, now)
 		n := len(cookie)

@@ -45,11 +45,11 @@ const (
 	decayScale = 90071993
 	// decayHorizon: after 32 half-lives every count below 2^32 has decayed to 0.
 	decayHorizon = 32 * halfLifeNanos
-	// rateScale is 1/tau in Fixed: ln 2 / 0.2 s = 3.466 per second (×2^32).
-	rateScale Fixed = 14885222359
+	// rateScale is 1/tau in fixed: ln 2 / 0.2 s = 3.466 per second (×2^32).
+	rateScale fixed = 14885222359
 )
 
-// decayTable[i] is 2^(-i/64) in Fixed, rounded to nearest.
+// decayTable[i] is 2^(-i/64) in fixed, rounded to nearest.
 var decayTable = [1<<decayTableShift + 1]uint64{
 	4294967296, 4248701965, 4202935003, 4157661043,
 	4112874773, 4068570940, 4024744348, 3981389855,
@@ -70,8 +70,8 @@ var decayTable = [1<<decayTableShift + 1]uint64{
 	2147483648,
 }
 
-// decayFactor returns 2^(-dt/H) for dt nanoseconds, as a Fixed in [0, 1].
-func decayFactor(dt uint64) Fixed {
+// decayFactor returns 2^(-dt/H) for dt nanoseconds, as a fixed in [0, 1].
+func decayFactor(dt uint64) fixed {
 	if dt >= decayHorizon {
 		return 0
 	}
@@ -82,31 +82,31 @@ func decayFactor(dt uint64) Fixed {
 	r := f & (1<<decayInterpBits - 1)
 	hi, lo := decayTable[i], decayTable[i+1]
 	v := hi - ((hi-lo)*r)>>decayInterpBits
-	return Fixed(v >> k)
+	return fixed(v >> k)
 }
 
 // cellArrive returns a cell's count and time after an arrival at now.
-func cellArrive(count Fixed, last, now uint64) (Fixed, uint64) {
+func cellArrive(count fixed, last, now uint64) (fixed, uint64) {
 	if now > last {
 		count = count.Mul(decayFactor(now - last))
 		last = now
 	}
-	return count.Add(FixedOne), last
+	return count.Add(fixedOne), last
 }
 
 // arrivalRate is the rate estimate, in packets per second, of a cell whose count
 // includes the arrival being judged.
-func arrivalRate(count Fixed) Fixed {
-	return count.Sub(FixedHalf).Mul(rateScale)
+func arrivalRate(count fixed) fixed {
+	return count.Sub(fixedHalf).Mul(rateScale)
 }
 
 // tripCount returns the smallest count whose arrivalRate reaches limit (the
-// largest Fixed if none does). Below it a packet passes whatever its draw, since
+// largest fixed if none does). Below it a packet passes whatever its draw, since
 // the draw is a fraction below 1: the Limiter and the kernel program compare with
 // it first and multiply (the kernel program: take a random number) only at or
 // above it, with the same verdicts.
-func tripCount(limit Fixed) Fixed {
-	lo, hi := Fixed(0), ^Fixed(0) // arrivalRate(hi) >= limit, or hi is the largest
+func tripCount(limit fixed) fixed {
+	lo, hi := fixed(0), ^fixed(0) // arrivalRate(hi) >= limit, or hi is the largest
 	for lo < hi {
 		mid := lo + (hi-lo)/2
 		if arrivalRate(mid) >= limit {
@@ -120,7 +120,7 @@ func tripCount(limit Fixed) Fixed {
 
 // cellRate is the rate estimate of a cell read at now without an arrival (for
 // reports such as the heaviest groups).
-func cellRate(count Fixed, last, now uint64) Fixed {
+func cellRate(count fixed, last, now uint64) fixed {
 	if now > last {
 		count = count.Mul(decayFactor(now - last))
 	}
@@ -161,7 +161,7 @@ const (
 	// sketchWidthShift: every row has 1<<sketchWidthShift cells.
 	sketchWidthShift = 11
 	sketchWidth      = 1 << sketchWidthShift
-	// cellBytes is the size of one cell: a Fixed count and a uint64 time.
+	// cellBytes is the size of one cell: a fixed count and a uint64 time.
 	cellBytes = 16
 )
 
@@ -220,7 +220,7 @@ type countMin [sketchDepth][sketchWidth]cmCell
 // arrive counts an arrival of the key with hash h at now and returns its count
 // including the arrival: the minimum over the rows (feed it to arrivalRate). The two
 // rows are written out so that their memory accesses overlap.
-func (s *countMin) arrive(h, now uint64) Fixed {
+func (s *countMin) arrive(h, now uint64) fixed {
 	c0 := &s[0][sketchIndex(h, 0)]
 	c1 := &s[1][sketchIndex(h, 1)]
 	count0, last0 := c0.load()
@@ -235,7 +235,7 @@ func (s *countMin) arrive(h, now uint64) Fixed {
 		count1 = count1.Mul(decayFactor(now - last1))
 		last1 = now
 	}
-	count0, count1 = count0.Add(FixedOne), count1.Add(FixedOne)
+	count0, count1 = count0.Add(fixedOne), count1.Add(fixedOne)
 	c0.store(count0, last0)
 	c1.store(count1, last1)
 	return min(count0, count1)
@@ -243,8 +243,8 @@ func (s *countMin) arrive(h, now uint64) Fixed {
 
 // rate returns the estimated rate of the key with hash h at now, without counting an
 // arrival: the minimum of cellRate over the rows.
-func (s *countMin) rate(h, now uint64) Fixed {
-	least := FixedMax
+func (s *countMin) rate(h, now uint64) fixed {
+	least := fixedMax
 	for row := range s {
 		count, last := s[row][sketchIndex(h, row)].load()
 		least = min(least, cellRate(count, last, now))

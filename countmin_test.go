@@ -17,7 +17,7 @@ func TestSteadyFlow(t *testing.T) {
 	for _, pps := range []uint64{10, 100, 1_000, 10_000, 100_000} {
 		interval := uint64(second) / pps
 		start := uint64(5 * second) // not zero: a realistic monotonic clock
-		var count Fixed
+		var count fixed
 		var last uint64
 		now := start
 		for ; now <= start+second; now += interval {
@@ -67,7 +67,7 @@ func TestSteadyFlow(t *testing.T) {
 func TestPoissonFlowUnbiased(t *testing.T) {
 	r := rand.New(rand.NewPCG(10, 11))
 	for _, pps := range []float64{10, 100, 1_000, 10_000} {
-		var count Fixed
+		var count fixed
 		var last uint64
 		now := float64(second)
 		sum, n := 0.0, 0
@@ -94,7 +94,7 @@ func TestPoissonFlowUnbiased(t *testing.T) {
 // from the 3.8 left of the previous burst), 22.6 pps on average over the packets, and
 // 20 pps on average over time.
 func TestBurstySource(t *testing.T) {
-	var count Fixed
+	var count fixed
 	var last uint64
 	first := true
 	maxEst, sum, n := 0.0, 0.0, 0
@@ -141,20 +141,20 @@ func TestCellTimeline(t *testing.T) {
 	const h = halfLifeNanos
 	type step struct {
 		now       uint64
-		wantCount Fixed
+		wantCount fixed
 		wantLast  uint64
 	}
 	steps := []step{
-		{10 * h, FixedOne, 10 * h},
-		{10 * h, 2 * FixedOne, 10 * h},                                // same instant: no decay
-		{9 * h, 3 * FixedOne, 10 * h},                                 // backwards: no decay, time kept
-		{0, 4 * FixedOne, 10 * h},                                     // far backwards
-		{11 * h, 3 * FixedOne, 11 * h},                                // one half-life later: 4/2 + 1
-		{11*h + h/64, Fixed(decayTable[1]*3) + FixedOne, 11*h + h/64}, // one table step
-		{11 * h, Fixed(decayTable[1]*3) + 2*FixedOne, 11*h + h/64},    // backwards again
-		{200 * h, FixedOne, 200 * h},                                  // long idle: the old count is gone
+		{10 * h, fixedOne, 10 * h},
+		{10 * h, 2 * fixedOne, 10 * h},                                // same instant: no decay
+		{9 * h, 3 * fixedOne, 10 * h},                                 // backwards: no decay, time kept
+		{0, 4 * fixedOne, 10 * h},                                     // far backwards
+		{11 * h, 3 * fixedOne, 11 * h},                                // one half-life later: 4/2 + 1
+		{11*h + h/64, fixed(decayTable[1]*3) + fixedOne, 11*h + h/64}, // one table step
+		{11 * h, fixed(decayTable[1]*3) + 2*fixedOne, 11*h + h/64},    // backwards again
+		{200 * h, fixedOne, 200 * h},                                  // long idle: the old count is gone
 	}
-	var count Fixed
+	var count fixed
 	var last uint64
 	for i, s := range steps {
 		count, last = cellArrive(count, last, s.now)
@@ -179,7 +179,7 @@ func TestCellTimeline(t *testing.T) {
 func TestCellBackwardsProperty(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for range 200 {
-		var count, ref Fixed
+		var count, ref fixed
 		var last, refLast uint64
 		now := uint64(r.Int64N(1 << 40))
 		for range 300 {
@@ -196,7 +196,7 @@ func TestCellBackwardsProperty(t *testing.T) {
 			if count != ref || last != refLast {
 				t.Fatalf("arrival at %d: (%#x, %d), monotonic reference (%#x, %d)", now, uint64(count), last, uint64(ref), refLast)
 			}
-			if count > before.Add(FixedOne) {
+			if count > before.Add(fixedOne) {
 				t.Fatalf("arrival at %d grew the count by more than one", now)
 			}
 		}
@@ -209,10 +209,10 @@ func TestStandingStill(t *testing.T) {
 	s := new(countMin)
 	const n = 100_000
 	now := uint64(3 * second)
-	var prev Fixed
+	var prev fixed
 	for i := 1; i <= n; i++ {
 		c := s.arrive(12345, now)
-		if c != FixedFromInt(uint64(i)) {
+		if c != fixedFromInt(uint64(i)) {
 			t.Fatalf("arrival %d at a fixed time: count %v", i, c.Float64())
 		}
 		if r := arrivalRate(c); r < prev {
@@ -221,7 +221,7 @@ func TestStandingStill(t *testing.T) {
 			prev = r
 		}
 	}
-	if got, want := arrivalRate(FixedFromInt(n)).Float64(), (n-0.5)*rateScale.Float64(); math.Abs(got-want) > 1e-3 {
+	if got, want := arrivalRate(fixedFromInt(n)).Float64(), (n-0.5)*rateScale.Float64(); math.Abs(got-want) > 1e-3 {
 		t.Errorf("rate after %d arrivals at one instant = %g, want %g", n, got, want)
 	}
 }
@@ -247,8 +247,8 @@ func (s *refSketch) column(h uint64, row int) int {
 	return int(uint32(h>>(16*row)) & uint32(s.width-1))
 }
 
-func (s *refSketch) arrive(h, now uint64) Fixed {
-	least := FixedMax
+func (s *refSketch) arrive(h, now uint64) fixed {
+	least := fixedMax
 	for row := range s.depth {
 		c := &s.cells[row*s.width+s.column(h, row)]
 		count, last := c.load()
@@ -259,8 +259,8 @@ func (s *refSketch) arrive(h, now uint64) Fixed {
 	return least
 }
 
-func (s *refSketch) rate(h, now uint64) Fixed {
-	least := FixedMax
+func (s *refSketch) rate(h, now uint64) fixed {
+	least := fixedMax
 	for row := range s.depth {
 		count, last := s.cells[row*s.width+s.column(h, row)].load()
 		least = min(least, cellRate(count, last, now))
@@ -269,8 +269,8 @@ func (s *refSketch) rate(h, now uint64) Fixed {
 }
 
 type sketch interface {
-	arrive(h, now uint64) Fixed
-	rate(h, now uint64) Fixed
+	arrive(h, now uint64) fixed
+	rate(h, now uint64) fixed
 }
 
 // TestCountMinMatchesReference runs countMin and refSketch of the same size on one
@@ -390,7 +390,7 @@ func checkCountMinBound(t *testing.T, s sketch, depth, width, keys int, seed uin
 	over, worst := 0, 0.0
 	for k := range keys {
 		est := s.rate(hashes[k], read).Float64()
-		// Fixed-point truncation loses at most an ulp per update of a cell, a few
+		// fixed-point truncation loses at most an ulp per update of a cell, a few
 		// hundred thousand ulps in all at most: far below 1e-3 pps.
 		if est < rateOf[k]*(1-1e-5)-1e-3 {
 			t.Fatalf("depth %d width %d: key %d under-estimated: %.4f < exact %.4f", depth, width, k, est, rateOf[k])
@@ -440,20 +440,20 @@ func TestCountMinConcurrent(t *testing.T) {
 // arrival rate is below limit, so every draw passes; at it the rate reaches limit.
 func TestTripCount(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	limits := []Fixed{1, FixedOne, FixedFromInt(100), FixedFromInt(1600), FixedFromRatio(1, 3), rateScale, rateScale + 1, ^Fixed(0)}
+	limits := []fixed{1, fixedOne, fixedFromInt(100), fixedFromInt(1600), fixedFromRatio(1, 3), rateScale, rateScale + 1, ^fixed(0)}
 	for range 200 {
-		limits = append(limits, Fixed(r.Uint64N(1<<50)))
+		limits = append(limits, fixed(r.Uint64N(1<<50)))
 	}
 	for _, limit := range limits {
 		trip := tripCount(limit)
-		if trip != ^Fixed(0) && arrivalRate(trip) < limit {
+		if trip != ^fixed(0) && arrivalRate(trip) < limit {
 			t.Fatalf("limit %v: rate at trip count %v is %v, below the limit", limit, trip, arrivalRate(trip))
 		}
 		if trip > 0 && arrivalRate(trip-1) >= limit {
 			t.Fatalf("limit %v: rate %v just below trip count %v reaches the limit", limit, arrivalRate(trip-1), trip)
 		}
-		for _, c := range []Fixed{0, trip / 2, trip - min(trip, 1), trip - min(trip, FixedOne)} {
-			if c < trip && (^Fixed(0)>>32).Mul(arrivalRate(c)) >= limit {
+		for _, c := range []fixed{0, trip / 2, trip - min(trip, 1), trip - min(trip, fixedOne)} {
+			if c < trip && (^fixed(0)>>32).Mul(arrivalRate(c)) >= limit {
 				t.Fatalf("limit %v: count %v below the trip count would be limited by the largest draw", limit, c)
 			}
 		}

@@ -53,7 +53,7 @@ func crossCheck(t *testing.T, cfg *Config, seed uint64, wantDrops bool) {
 	for _, st := range settings.activeNodes() {
 		n := int(st.Node)
 		active[n] = true
-		if Fixed(st.Limit) != model.nodeLimit(n) || n < nodePort && int(st.prefix()) != model.nodePrefix(n) {
+		if fixed(st.Limit) != model.nodeLimit(n) || n < nodePort && int(st.prefix()) != model.nodePrefix(n) {
 			t.Fatalf("node %d: kernel limit %d /%d, model %d /%d", n, st.Limit, st.prefix(), model.nodeLimit(n), model.nodePrefix(n))
 		}
 	}
@@ -92,7 +92,7 @@ func crossCheck(t *testing.T, cfg *Config, seed uint64, wantDrops bool) {
 			src = sources[0] // one heavy source
 		}
 		rnd := r.Uint32()
-		want := model.AllowAt(src, now, rnd)
+		want := model.allowAt(src, now, rnd)
 
 		var pkt []byte
 		if src.Addr().Is4() {

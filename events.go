@@ -23,7 +23,7 @@ import (
 //
 // Events are driven by time as well as by traffic: while an episode is open, a timer
 // reports what falls due when no query comes to do it, so a burst followed by silence
-// still has its start and its stop reported (rrlevents.go, limiterevents.go). Without
+// still has its start and its stop reported (rrl_events.go, limiter_events.go). Without
 // an event function there is no timer and Debit and Allow pay nothing for events.
 
 // LimitEvent reports that limiting of one account of an RRL, or of one source group of

@@ -3,7 +3,6 @@ package rrl_test
 import (
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
 
@@ -52,18 +51,12 @@ func ExampleCookies() {
 	client := netip.MustParseAddr("198.51.100.100")
 	now := time.Unix(1559731985, 0)
 
-	query := new(dns.Msg)
-	query.SetQuestion("example.com.", dns.TypeA)
-	clientCookie, _ := hex.DecodeString("2464c4abcf10c957")
-	rrl.SetCookie(query, clientCookie)
-
-	cookie, _ := rrl.CookieFromMsg(query)
+	// The content of the query's COOKIE option (dns.EDNS0_COOKIE, in hex there).
+	cookie, _ := hex.DecodeString("2464c4abcf10c957")
 	fmt.Println(cookies.Verify(cookie, client, now))
 
+	// The response carries the full cookie in its COOKIE option.
 	full := cookies.Generate(cookie, client, now)
-	resp := new(dns.Msg)
-	resp.SetReply(query)
-	rrl.SetCookie(resp, full)
 	fmt.Printf("%x\n", full)
 
 	// The client sends the full cookie back with its next queries.
@@ -96,43 +89,4 @@ func ExampleCookies_Rotate() {
 	// Output:
 	// valid-reissue
 	// bad
-}
-
-func ExampleLimitListener() {
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	l := rrl.LimitListener(inner, 1) // one connection per client address
-	defer l.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		for {
-			c, err := l.Accept() // a dns.Server with Listener: l does this
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
-
-	first, _ := net.Dial("tcp", l.Addr().String())
-	defer first.Close()
-	server := <-accepted
-
-	// The client's second connection is reset at once.
-	// (On loopback the reset may even beat the end of Dial.)
-	if second, err := net.Dial("tcp", l.Addr().String()); err == nil {
-		second.SetReadDeadline(time.Now().Add(5 * time.Second))
-		second.Read(make([]byte, 1)) // returns the reset
-		second.Close()
-	}
-	fmt.Printf("%+v\n", l.Stats())
-
-	server.Close() // frees the client's slot
-	fmt.Printf("%+v\n", l.Stats())
-	// Output:
-	// {Accepted:1 Refused:1 Open:1 Clients:1 Evicted:0 AcceptErrors:[0 0]}
-	// {Accepted:1 Refused:1 Open:0 Clients:0 Evicted:0 AcceptErrors:[0 0]}
 }

@@ -194,7 +194,7 @@ func BenchmarkExempt(b *testing.B) {
 			now := int64(0)
 			for b.Loop() {
 				now += 1000
-				l.AllowAt(src, now, 0)
+				l.allowAt(src, now, 0)
 			}
 		})
 	}

@@ -16,57 +16,31 @@ import (
 
 var errNotLinux = fmt.Errorf("rrl: socket filters need Linux: %w", ErrNotSupported)
 
+// The Filter API is documented once, in the Linux files (attach.go, attach_local.go,
+// filter_pin.go, filter_stats.go, filter_types.go, filter_limited.go, filter_cookies.go). Here every
+// call that would attach, open or read a kernel filter returns errNotLinux, Mode is
+// ModeNone, Config is nil, PinDir is "" and Close does nothing.
+
 // Filter is the kernel filter, which needs Linux: on this platform no Filter is
 // ever attached.
 type Filter struct{}
 
-// Attach returns an error matching ErrNotSupported: socket filters need Linux.
-func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) { return nil, errNotLinux }
-
-// AttachPinned returns an error matching ErrNotSupported: socket filters need Linux.
-func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) { return nil, errNotLinux }
-
-// OpenPinned returns an error matching ErrNotSupported: socket filters need Linux.
-func OpenPinned(pinDir string) (*Filter, error) { return nil, errNotLinux }
-
-// LoadPinned returns an error matching ErrNotSupported: socket filters need Linux.
-func LoadPinned(cfg *Config, pinDir string, uid, gid int) error { return errNotLinux }
-
-// Unpin returns an error matching ErrNotSupported: socket filters need Linux.
-func Unpin(pinDir string) error { return errNotLinux }
-
-// Attach returns an error matching ErrNotSupported.
-func (f *Filter) Attach(conn syscall.Conn) error { return errNotLinux }
-
-// Update returns an error matching ErrNotSupported.
-func (f *Filter) Update(cfg *Config) error { return errNotLinux }
-
-// Mode returns ModeNone: nothing is attached.
-func (f *Filter) Mode() FilterMode { return ModeNone }
-
-// Close does nothing.
-func (f *Filter) Close() error { return nil }
-
-// Stats returns empty counters and an error matching ErrNotSupported.
-func (f *Filter) Stats() (FilterStats, error) { return FilterStats{}, errNotLinux }
-
-// Config returns nil.
-func (f *Filter) Config() *Config { return nil }
-
-// PinDir returns "".
-func (f *Filter) PinDir() string { return "" }
-
-// AttachLocal returns an error matching ErrNotSupported.
-func (f *Filter) AttachLocal(local netip.AddrPort) error { return errNotLinux }
-
-// LimitedGroups returns an error matching ErrNotSupported.
-func (f *Filter) LimitedGroups() ([]LimitedGroup, error) { return nil, errNotLinux }
-
-// UseCookies returns an error matching ErrNotSupported.
-func (f *Filter) UseCookies(c *Cookies) error { return errNotLinux }
-
-// AttachLocal returns an error matching ErrNotSupported: socket filters need Linux.
+func Attach(conn syscall.Conn, cfg *Config) (*Filter, error)         { return nil, errNotLinux }
 func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) { return nil, errNotLinux }
-
-// limitedLook returns an error matching ErrNotSupported: WatchLimited does too.
-func (f *Filter) limitedLook() ([]LimitedGroup, bool, error) { return nil, false, errNotLinux }
+func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) { return nil, errNotLinux }
+func OpenPinned(pinDir string) (*Filter, error)                      { return nil, errNotLinux }
+func LoadPinned(cfg *Config, pinDir string, uid, gid int) error      { return errNotLinux }
+func Unpin(pinDir string) error                                      { return errNotLinux }
+func (f *Filter) Attach(conn syscall.Conn) error                     { return errNotLinux }
+func (f *Filter) AttachLocal(local netip.AddrPort) error             { return errNotLinux }
+func (f *Filter) Update(cfg *Config) error                           { return errNotLinux }
+func (f *Filter) Mode() FilterMode                                   { return ModeNone }
+func (f *Filter) Close() error                                       { return nil }
+func (f *Filter) Stats() (FilterStats, error)                        { return FilterStats{}, errNotLinux }
+func (f *Filter) Config() *Config                                    { return nil }
+func (f *Filter) PinDir() string                                     { return "" }
+func (f *Filter) LimitedGroups() ([]LimitedGroup, error)             { return nil, errNotLinux }
+func (f *Filter) UseCookies(c *Cookies) error                        { return errNotLinux }
+func (f *Filter) HeavyCells(n int) ([]SketchCell, error)             { return nil, errNotLinux }
+func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return nil, errNotLinux }
+func (f *Filter) limitedLook() ([]LimitedGroup, bool, error)         { return nil, false, errNotLinux }

@@ -97,12 +97,14 @@ type FilterStats struct {
 	Capacity *CapacityStats
 }
 
-// NodeStats are the counters of one source group level of the request limiter. A
-// level keeps its counter when an Update takes it out of force (with Limit 0) and
-// when it comes back, so Limited never goes down.
+// NodeStats are the settings and counters of one source group level of the request
+// limiter, in the kernel filter (FilterStats) or in Go (LimiterStats). A level keeps
+// its counter when an Update takes it out of force (with Limit 0) and when it comes
+// back, so Limited never goes down.
 type NodeStats struct {
 	Node    LimiterNode // the level: ipv4/24, ipv6/56, port (one source port), total
 	Limit   float64     // packets per second per group; 0 for a level no longer in force
+	Packets uint64      // packets counted at the level (Limiter only; 0 in FilterStats)
 	Limited uint64      // packets this level refused (dropped unless report-only)
 }
 
@@ -111,8 +113,8 @@ func (s FilterStats) Dropped() uint64 {
 	return s.Seen - s.Passed
 }
 
-// sketchCell is one cell of a request-limiter sketch and its current rate estimate.
-type sketchCell struct {
+// SketchCell is one cell of a request-limiter sketch and its current rate estimate.
+type SketchCell struct {
 	Node   LimiterNode `json:"node"`   // the level, as in NodeStats ("ipv4/24", "port", ...)
 	Row    int         `json:"row"`    // sketch row (every group counts once in each row)
 	Column int         `json:"column"` // column within the row
@@ -120,8 +122,8 @@ type sketchCell struct {
 	Limit  float64     `json:"limit"`  // the level's limit per group
 }
 
-// groupRate is the filter's current rate estimate for one source group.
-type groupRate struct {
+// GroupRate is the filter's current rate estimate for one source group.
+type GroupRate struct {
 	Node  LimiterNode  `json:"node"`           // the level
 	Group netip.Prefix `json:"group"`          // the source masked to the level (0.0.0.0/0 for port and total)
 	Port  uint16       `json:"port,omitempty"` // the source port, for the port level

@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// The reference for every Fixed operation is exact integer arithmetic in math/big on
-// the raw values: a Fixed f stands for the real number f/2^32.
+// The reference for every fixed operation is exact integer arithmetic in math/big on
+// the raw values: a fixed f stands for the real number f/2^32.
 
 var (
 	bigTwo32 = new(big.Int).Lsh(big.NewInt(1), 32)
@@ -19,83 +19,83 @@ var (
 func bu(x uint64) *big.Int { return new(big.Int).SetUint64(x) }
 
 // refMul is floor(a*b/2^32) and whether it fits (result < 2^64).
-func refMul(a, b Fixed) (Fixed, bool) {
+func refMul(a, b fixed) (fixed, bool) {
 	p := new(big.Int).Mul(bu(uint64(a)), bu(uint64(b)))
 	if p.Cmp(bigTwo96) >= 0 {
 		return 0, false
 	}
-	return Fixed(p.Rsh(p, 32).Uint64()), true
+	return fixed(p.Rsh(p, 32).Uint64()), true
 }
 
-// refMulSat is floor(a*b/2^32), or FixedMax when that does not fit.
-func refMulSat(a, b Fixed) Fixed {
+// refMulSat is floor(a*b/2^32), or fixedMax when that does not fit.
+func refMulSat(a, b fixed) fixed {
 	if p, ok := refMul(a, b); ok {
 		return p
 	}
-	return FixedMax
+	return fixedMax
 }
 
-// refDiv is floor(a*2^32/b), or FixedMax when b is 0 or the quotient is 2^64 or more.
-func refDiv(a, b Fixed) Fixed {
+// refDiv is floor(a*2^32/b), or fixedMax when b is 0 or the quotient is 2^64 or more.
+func refDiv(a, b fixed) fixed {
 	if b == 0 {
-		return FixedMax
+		return fixedMax
 	}
 	q := new(big.Int).Lsh(bu(uint64(a)), 32)
 	q.Quo(q, bu(uint64(b)))
 	if q.Cmp(bigTwo64) >= 0 {
-		return FixedMax
+		return fixedMax
 	}
-	return Fixed(q.Uint64())
+	return fixed(q.Uint64())
 }
 
 // refRatio is floor(num*2^32/den).
-func refRatio(num, den uint64) Fixed {
+func refRatio(num, den uint64) fixed {
 	q := new(big.Int).Lsh(bu(num), 32)
-	return Fixed(q.Quo(q, bu(den)).Uint64())
+	return fixed(q.Quo(q, bu(den)).Uint64())
 }
 
-// maxNanos is the largest duration FixedFromNanos converts without wrapping:
+// maxNanos is the largest duration fixedFromNanos converts without wrapping:
 // 2^32 seconds (136 years) minus one nanosecond.
 const maxNanos = int64(1<<32)*nanosPerSecond - 1
 
 // refNanos is floor(ns*2^32/1e9) for ns > 0, else 0.
-func refNanos(ns int64) Fixed {
+func refNanos(ns int64) fixed {
 	if ns <= 0 {
 		return 0
 	}
 	q := new(big.Int).Lsh(big.NewInt(ns), 32)
-	return Fixed(q.Quo(q, big.NewInt(nanosPerSecond)).Uint64())
+	return fixed(q.Quo(q, big.NewInt(nanosPerSecond)).Uint64())
 }
 
-func refAdd(a, b Fixed) Fixed {
+func refAdd(a, b fixed) fixed {
 	s := new(big.Int).Add(bu(uint64(a)), bu(uint64(b)))
 	if s.Cmp(bigTwo64) >= 0 {
-		return FixedMax
+		return fixedMax
 	}
-	return Fixed(s.Uint64())
+	return fixed(s.Uint64())
 }
 
-func refSub(a, b Fixed) Fixed {
+func refSub(a, b fixed) fixed {
 	if b > a {
 		return 0
 	}
-	return Fixed(new(big.Int).Sub(bu(uint64(a)), bu(uint64(b))).Uint64())
+	return fixed(new(big.Int).Sub(bu(uint64(a)), bu(uint64(b))).Uint64())
 }
 
-func refMulInt(a Fixed, n uint64) Fixed {
+func refMulInt(a fixed, n uint64) fixed {
 	p := new(big.Int).Mul(bu(uint64(a)), bu(n))
 	if p.Cmp(bigTwo64) >= 0 {
-		return FixedMax
+		return fixedMax
 	}
-	return Fixed(p.Uint64())
+	return fixed(p.Uint64())
 }
 
 // fixedEdges are raw values at the edges of the format's ranges.
-var fixedEdges = []Fixed{
-	0, 1, 2, FixedHalf - 1, FixedHalf, FixedOne - 1, FixedOne, FixedOne + 1,
-	3 * FixedHalf, FixedFromInt(10), FixedFromInt(100), FixedFromInt(1e6),
-	1 << 48, 1<<63 - 1, 1 << 63, FixedMax - 1, FixedMax,
-	rateScale, Fixed(decayTable[17]), 0xdeadbeefcafebabe,
+var fixedEdges = []fixed{
+	0, 1, 2, fixedHalf - 1, fixedHalf, fixedOne - 1, fixedOne, fixedOne + 1,
+	3 * fixedHalf, fixedFromInt(10), fixedFromInt(100), fixedFromInt(1e6),
+	1 << 48, 1<<63 - 1, 1 << 63, fixedMax - 1, fixedMax,
+	rateScale, fixed(decayTable[17]), 0xdeadbeefcafebabe,
 }
 
 func TestFixedMulTable(t *testing.T) {
@@ -107,21 +107,21 @@ func TestFixedMulTable(t *testing.T) {
 		}
 	}
 	// A few products written out by hand.
-	for _, c := range []struct{ a, b, want Fixed }{
-		{FixedOne, FixedOne, FixedOne},
-		{FixedHalf, FixedHalf, FixedOne / 4},
-		{FixedFromInt(3), FixedFromInt(7), FixedFromInt(21)},
+	for _, c := range []struct{ a, b, want fixed }{
+		{fixedOne, fixedOne, fixedOne},
+		{fixedHalf, fixedHalf, fixedOne / 4},
+		{fixedFromInt(3), fixedFromInt(7), fixedFromInt(21)},
 		{1, 1, 0},                      // 2^-64 truncates to 0
-		{FixedMax, FixedOne, FixedMax}, // times one is the identity
-		{FixedMax, 1, FixedMax >> 32},  // times one ulp: shifts
-		{FixedFromInt(1 << 31), 2*FixedOne - 2, FixedFromInt(1<<32 - 1)}, // (2^31)(2-2^-31) = 2^32-1
+		{fixedMax, fixedOne, fixedMax}, // times one is the identity
+		{fixedMax, 1, fixedMax >> 32},  // times one ulp: shifts
+		{fixedFromInt(1 << 31), 2*fixedOne - 2, fixedFromInt(1<<32 - 1)}, // (2^31)(2-2^-31) = 2^32-1
 		// Products of 2^32 and more saturate, as MulInt does, instead of wrapping.
-		{FixedFromInt(1 << 31), 2 * FixedOne, FixedMax},          // exactly 2^32
-		{FixedFromInt(1 << 16), FixedFromInt(1 << 16), FixedMax}, // 2^32 again
-		{FixedMax, FixedMax, FixedMax},
-		{FixedMax, FixedOne + 1, FixedMax},                                 // just over the identity
-		{FixedFromInt(3601), FixedFromInt(1 << 31), FixedMax},              // largest cost times largest qps-scale factor
-		{FixedFromInt(1 << 30), FixedFromInt(4) - 1, FixedMax - 1<<30 + 1}, // 2^32 - 1/4 fits
+		{fixedFromInt(1 << 31), 2 * fixedOne, fixedMax},          // exactly 2^32
+		{fixedFromInt(1 << 16), fixedFromInt(1 << 16), fixedMax}, // 2^32 again
+		{fixedMax, fixedMax, fixedMax},
+		{fixedMax, fixedOne + 1, fixedMax},                                 // just over the identity
+		{fixedFromInt(3601), fixedFromInt(1 << 31), fixedMax},              // largest cost times largest qps-scale factor
+		{fixedFromInt(1 << 30), fixedFromInt(4) - 1, fixedMax - 1<<30 + 1}, // 2^32 - 1/4 fits
 	} {
 		if got := c.a.Mul(c.b); got != c.want {
 			t.Errorf("%#x.Mul(%#x) = %#x, want %#x", uint64(c.a), uint64(c.b), uint64(got), uint64(c.want))
@@ -137,13 +137,13 @@ func TestFixedDivTable(t *testing.T) {
 			}
 		}
 	}
-	for _, c := range []struct{ a, b, want Fixed }{
-		{FixedOne, FixedFromInt(2), FixedHalf},
-		{FixedFromInt(21), FixedFromInt(7), FixedFromInt(3)},
-		{FixedOne, FixedFromInt(3), 1431655765}, // floor(2^32/3)
-		{FixedOne, 0, FixedMax},
-		{FixedFromInt(1 << 31), FixedHalf, FixedMax}, // 2^32 does not fit
-		{0, 0, FixedMax},
+	for _, c := range []struct{ a, b, want fixed }{
+		{fixedOne, fixedFromInt(2), fixedHalf},
+		{fixedFromInt(21), fixedFromInt(7), fixedFromInt(3)},
+		{fixedOne, fixedFromInt(3), 1431655765}, // floor(2^32/3)
+		{fixedOne, 0, fixedMax},
+		{fixedFromInt(1 << 31), fixedHalf, fixedMax}, // 2^32 does not fit
+		{0, 0, fixedMax},
 	} {
 		if got := c.a.Div(c.b); got != c.want {
 			t.Errorf("%#x.Div(%#x) = %#x, want %#x", uint64(c.a), uint64(c.b), uint64(got), uint64(c.want))
@@ -153,47 +153,47 @@ func TestFixedDivTable(t *testing.T) {
 
 func TestFixedConversions(t *testing.T) {
 	for _, n := range []uint64{0, 1, 2, 1000, 1<<31 + 5, 1<<32 - 1} {
-		if got, want := FixedFromInt(n), Fixed(new(big.Int).Mul(bu(n), bigTwo32).Uint64()); got != want {
-			t.Errorf("FixedFromInt(%d) = %#x, want %#x", n, uint64(got), uint64(want))
+		if got, want := fixedFromInt(n), fixed(new(big.Int).Mul(bu(n), bigTwo32).Uint64()); got != want {
+			t.Errorf("fixedFromInt(%d) = %#x, want %#x", n, uint64(got), uint64(want))
 		}
-		if got := FixedFromInt(n).Int(); got != n {
-			t.Errorf("FixedFromInt(%d).Int() = %d", n, got)
+		if got := fixedFromInt(n).Int(); got != n {
+			t.Errorf("fixedFromInt(%d).Int() = %d", n, got)
 		}
-		if got := FixedFromInt(n).Frac(); got != 0 {
-			t.Errorf("FixedFromInt(%d).Frac() = %#x", n, uint64(got))
+		if got := fixedFromInt(n).Frac(); got != 0 {
+			t.Errorf("fixedFromInt(%d).Frac() = %#x", n, uint64(got))
 		}
 	}
 	for _, c := range []struct{ num, den uint64 }{
 		{0, 1}, {1, 1}, {1, 2}, {1, 3}, {2, 3}, {1<<32 - 1, 1}, {1<<32 - 1, 1<<64 - 1},
 		{5, 1000}, {999_999_999, nanosPerSecond}, {1, 1<<64 - 1}, {12345, 7},
 	} {
-		if got, want := FixedFromRatio(c.num, c.den), refRatio(c.num, c.den); got != want {
-			t.Errorf("FixedFromRatio(%d, %d) = %#x, want %#x", c.num, c.den, uint64(got), uint64(want))
+		if got, want := fixedFromRatio(c.num, c.den), refRatio(c.num, c.den); got != want {
+			t.Errorf("fixedFromRatio(%d, %d) = %#x, want %#x", c.num, c.den, uint64(got), uint64(want))
 		}
 	}
 	for _, ns := range []int64{
 		math.MinInt64, -1, 0, 1, 2, 999_999_999, nanosPerSecond, nanosPerSecond + 1,
 		1 << 28, 15 * nanosPerSecond, 1 << 40, 1 << 62, maxNanos - 1, maxNanos,
 	} {
-		if got, want := FixedFromNanos(ns), refNanos(ns); got != want {
-			t.Errorf("FixedFromNanos(%d) = %#x, want %#x", ns, uint64(got), uint64(want))
+		if got, want := fixedFromNanos(ns), refNanos(ns); got != want {
+			t.Errorf("fixedFromNanos(%d) = %#x, want %#x", ns, uint64(got), uint64(want))
 		}
 	}
 	for _, c := range []struct {
 		f    float64
-		want Fixed
+		want fixed
 	}{
-		{math.NaN(), 0}, {math.Inf(-1), 0}, {-1, 0}, {0, 0}, {1, FixedOne}, {0.5, FixedHalf},
+		{math.NaN(), 0}, {math.Inf(-1), 0}, {-1, 0}, {0, 0}, {1, fixedOne}, {0.5, fixedHalf},
 		{0x1p-34, 0},
 		{0x1p-33, 1}, // exactly half an ulp: math.Round rounds halves away from zero
 		{0x1p-32, 1},
 		{1.5 * 0x1p-32, 2}, // 1.5 ulp rounds (away from zero) to 2
-		{100.25, FixedFromInt(100) + FixedOne/4},
-		{1<<32 - 0x1p-20, FixedFromInt(1<<32-1) + FixedOne - 1<<12},
-		{1 << 32, FixedMax}, {1e300, FixedMax}, {math.Inf(1), FixedMax},
+		{100.25, fixedFromInt(100) + fixedOne/4},
+		{1<<32 - 0x1p-20, fixedFromInt(1<<32-1) + fixedOne - 1<<12},
+		{1 << 32, fixedMax}, {1e300, fixedMax}, {math.Inf(1), fixedMax},
 	} {
-		if got := FixedFromFloat(c.f); got != c.want {
-			t.Errorf("FixedFromFloat(%g) = %#x, want %#x", c.f, uint64(got), uint64(c.want))
+		if got := fixedFromFloat(c.f); got != c.want {
+			t.Errorf("fixedFromFloat(%g) = %#x, want %#x", c.f, uint64(got), uint64(c.want))
 		}
 	}
 	for _, f := range fixedEdges {
@@ -205,7 +205,7 @@ func TestFixedConversions(t *testing.T) {
 		if got, want := f.Int(), uint64(f)>>32; got != want {
 			t.Errorf("%#x.Int() = %d, want %d", uint64(f), got, want)
 		}
-		if got := FixedFromInt(f.Int()) + f.Frac(); got != f {
+		if got := fixedFromInt(f.Int()) + f.Frac(); got != f {
 			t.Errorf("%#x: Int and Frac do not add up: %#x", uint64(f), uint64(got))
 		}
 	}
@@ -231,9 +231,9 @@ func TestFixedSaturating(t *testing.T) {
 // operands drawn with a bias towards the interesting magnitudes.
 func TestFixedRandom(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	draw := func() Fixed {
+	draw := func() fixed {
 		// A random bit length makes small, medium and large values equally likely.
-		return Fixed(r.Uint64() >> r.UintN(64))
+		return fixed(r.Uint64() >> r.UintN(64))
 	}
 	n := 200_000
 	if testing.Short() {
@@ -248,7 +248,7 @@ func TestFixedRandom(t *testing.T) {
 	}
 }
 
-func checkFixedOps(t *testing.T, a, b Fixed) {
+func checkFixedOps(t *testing.T, a, b fixed) {
 	t.Helper()
 	if got, want := a.Mul(b), refMulSat(a, b); got != want {
 		t.Errorf("%#x.Mul(%#x) = %#x, want %#x", uint64(a), uint64(b), uint64(got), uint64(want))
@@ -267,23 +267,23 @@ func checkFixedOps(t *testing.T, a, b Fixed) {
 	}
 	num, den := uint64(a)>>32, uint64(b)
 	if den != 0 {
-		if got, want := FixedFromRatio(num, den), refRatio(num, den); got != want {
-			t.Errorf("FixedFromRatio(%d, %d) = %#x, want %#x", num, den, uint64(got), uint64(want))
+		if got, want := fixedFromRatio(num, den), refRatio(num, den); got != want {
+			t.Errorf("fixedFromRatio(%d, %d) = %#x, want %#x", num, den, uint64(got), uint64(want))
 		}
 	}
 	ns := int64(uint64(a) % uint64(maxNanos+1))
-	if got, want := FixedFromNanos(ns), refNanos(ns); got != want {
-		t.Errorf("FixedFromNanos(%d) = %#x, want %#x", ns, uint64(got), uint64(want))
+	if got, want := fixedFromNanos(ns), refNanos(ns); got != want {
+		t.Errorf("fixedFromNanos(%d) = %#x, want %#x", ns, uint64(got), uint64(want))
 	}
 }
 
 func FuzzFixedOps(f *testing.F) {
 	for _, a := range fixedEdges[:8] {
-		f.Add(uint64(a), uint64(FixedMax-a))
+		f.Add(uint64(a), uint64(fixedMax-a))
 	}
-	f.Add(uint64(rateScale), uint64(FixedOne))
+	f.Add(uint64(rateScale), uint64(fixedOne))
 	f.Fuzz(func(t *testing.T, a, b uint64) {
-		checkFixedOps(t, Fixed(a), Fixed(b))
+		checkFixedOps(t, fixed(a), fixed(b))
 	})
 }
 
@@ -336,16 +336,16 @@ func TestDecayFactor(t *testing.T) {
 	const h = halfLifeNanos
 	// Exact points: whole half-lives and table steps.
 	for k := range uint64(40) {
-		want := Fixed(0)
+		want := fixed(0)
 		if k < 32 {
-			want = FixedOne >> k
+			want = fixedOne >> k
 		}
 		if got := decayFactor(k * h); got != want {
 			t.Errorf("decayFactor(%d half-lives) = %#x, want %#x", k, uint64(got), uint64(want))
 		}
 	}
 	for i := range decayTable[:len(decayTable)-1] {
-		if got := decayFactor(uint64(i) * halfLifeNanos >> decayTableShift); got != Fixed(decayTable[i]) {
+		if got := decayFactor(uint64(i) * halfLifeNanos >> decayTableShift); got != fixed(decayTable[i]) {
 			t.Errorf("decayFactor(step %d) = %d, want %d", i, uint64(got), decayTable[i])
 		}
 	}

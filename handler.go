@@ -93,52 +93,43 @@ type Handler struct {
 	badCookie    atomic.Uint64
 	cookieExempt atomic.Uint64
 	limited      atomic.Uint64
-	cookieCounts [CookieResultLast]atomic.Uint64
-	malformed    [MalformedLast]atomic.Uint64
+	cookieCounts [cookieResultLast]atomic.Uint64
+	malformed    [malformedLast]atomic.Uint64
 	configured   sync.Map // *dns.Server: ConfigureServer was called for it
 }
 
-// HandlerOption configures a Handler.
-type HandlerOption func(*Handler)
-
-// WithCookies makes the Handler verify and issue DNS server cookies with c: queries
-// over UDP with a valid server cookie are not rate limited, responses to queries
-// with a client cookie carry a server cookie, slips become BADCOOKIE for them, and
-// malformed COOKIE options are answered with FORMERR.
-func WithCookies(c *Cookies) HandlerOption { return func(h *Handler) { h.cookies = c } }
-
-// withLimiter makes the Handler hold UDP queries to l's request limits before the
-// inner handler sees them, as a Protection's Handler does where the eBPF filter is
-// not in force; for tests of the Handler alone.
-func withLimiter(l *Limiter) HandlerOption { return func(h *Handler) { h.limiter = l } }
-
-// WithWildcardFunc gives the Handler a function that returns the wildcard origin of
-// a response the inner handler wrote (see ResponseTupleFromMsg), or "" when the
-// response was not synthesised. It is consulted only when the inner handler did not
-// call SetWildcardOrigin.
-func WithWildcardFunc(f func(resp *dns.Msg) string) HandlerOption {
-	return func(h *Handler) { h.wildcard = f }
+// NewHandler returns next wrapped in rate limiting by r. r must not be nil. Of the
+// options it heeds WithCookies and WithWildcardFunc; the Handler has no cookies
+// unless given them.
+func NewHandler(next dns.Handler, r *RRL, opts ...Option) *Handler {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	return newHandler(next, r, &o)
 }
 
-// WithClock sets the clock server cookies are made and verified with (time.Now by
-// default), for tests. The RRL has its own (Config.SetNowFunc).
-func WithClock(now func() time.Time) HandlerOption { return func(h *Handler) { h.now = now } }
-
-// NewHandler returns next wrapped in rate limiting by r. r must not be nil.
-func NewHandler(next dns.Handler, r *RRL, opts ...HandlerOption) *Handler {
-	h := &Handler{next: next, rrl: r, now: time.Now}
-	for _, o := range opts {
-		o(h)
+func newHandler(next dns.Handler, r *RRL, o *options) *Handler {
+	h := &Handler{next: next, rrl: r, now: time.Now, wildcard: o.wildcard, limiter: o.limiter}
+	if o.now != nil {
+		h.now = o.now
+	}
+	if !o.noCookies {
+		h.cookies = o.cookies
 	}
 	h.writers.New = func() any { return new(responseWriter) }
 	return h
 }
 
-// WildcardReporter is implemented by the ResponseWriter a Handler gives to the inner
+// Cookies returns the Cookies the Handler verifies and issues server cookies with
+// (WithCookies), or nil when it has none.
+func (h *Handler) Cookies() *Cookies { return h.cookies }
+
+// wildcardReporter is implemented by the ResponseWriter a Handler gives to the inner
 // handler. An inner handler that synthesises an answer from a wildcard calls
 // SetWildcardOrigin before writing it, with the name the wildcard hangs from (for
 // "*.wild.example." that is "wild.example.").
-type WildcardReporter interface {
+type wildcardReporter interface {
 	SetWildcardOrigin(origin string)
 }
 
@@ -147,7 +138,7 @@ type WildcardReporter interface {
 // whether w took the information. Inner handlers call it instead of a type
 // assertion, so that they work with or without the Handler in front.
 func SetWildcardOrigin(w dns.ResponseWriter, origin string) bool {
-	if wr, ok := w.(WildcardReporter); ok {
+	if wr, ok := w.(wildcardReporter); ok {
 		wr.SetWildcardOrigin(origin)
 		return true
 	}
@@ -171,12 +162,12 @@ type HandlerStats struct {
 	RequestsLimited uint64
 	// Cookies counts the verdicts on the queries' COOKIE options, by CookieResult
 	// (with WithCookies only).
-	Cookies [CookieResultLast]uint64
+	Cookies [cookieResultLast]uint64
 	// Malformed counts queries answered with an error rcode (or not at all)
 	// because of their form, by reason; their replies are also in
 	// Responses[...][AllowanceError]. The reasons miekg/dns finds before the
 	// Handler runs are counted only on a server set up with ConfigureServer.
-	Malformed [MalformedLast]uint64
+	Malformed [malformedLast]uint64
 }
 
 // Stats returns the Handler's counters.
@@ -361,9 +352,9 @@ func remoteAddrPort(a net.Addr) (netip.AddrPort, bool) {
 }
 
 // cookieOption returns the content of the first COOKIE option of m decoded into buf,
-// and whether there was one, as CookieFromMsg does but without allocating. Content
+// and whether there was one, as cookieFromMsg does but without allocating. Content
 // longer than buf, or not valid hex, is returned as empty: malformed.
-func cookieOption(m *dns.Msg, buf *[ClientCookieLen + maxServerCookieLen]byte) ([]byte, bool) {
+func cookieOption(m *dns.Msg, buf *[clientCookieLen + maxServerCookieLen]byte) ([]byte, bool) {
 	// m.IsEdns0 scans Extra from its end; the OPT record is normally last.
 	opt := m.IsEdns0()
 	if opt == nil {
@@ -422,7 +413,7 @@ type queryState struct {
 	src netip.AddrPort
 	udp bool
 
-	cookieBuf    [ClientCookieLen + maxServerCookieLen]byte
+	cookieBuf    [clientCookieLen + maxServerCookieLen]byte
 	cookie       []byte // the query's COOKIE option content, in cookieBuf
 	hasCookie    bool
 	cookieResult CookieResult
@@ -564,7 +555,7 @@ func (l *lease) Unwrap() dns.ResponseWriter {
 	return rw.ResponseWriter
 }
 
-// SetWildcardOrigin implements WildcardReporter.
+// SetWildcardOrigin implements wildcardReporter.
 func (l *lease) SetWildcardOrigin(origin string) {
 	if rw := l.acquire(); rw != nil {
 		rw.wildcard = origin
@@ -694,7 +685,7 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 		rw.withhold()
 		return nil
 	case Slip:
-		if rw.hasCookie && len(rw.cookie) >= ClientCookieLen {
+		if rw.hasCookie && len(rw.cookie) >= clientCookieLen {
 			h.badCookie.Add(1)
 			return rw.ResponseWriter.WriteMsg(rw.badCookie(m))
 		}
@@ -707,7 +698,7 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 		cp.Truncated = false
 		m = &cp
 	}
-	if rw.hasCookie && len(rw.cookie) >= ClientCookieLen {
+	if rw.hasCookie && len(rw.cookie) >= clientCookieLen {
 		m = rw.withCookie(m)
 	}
 	return rw.forward(m)
@@ -716,8 +707,8 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 // withCookie returns a shallow copy of m carrying a fresh full cookie for the
 // client, in a copy of m's OPT record (or a new one).
 func (rw *responseWriter) withCookie(m *dns.Msg) *dns.Msg {
-	var buf [CookieLen]byte
-	full := rw.h.cookies.AppendCookie(buf[:0], rw.cookie, rw.src.Addr(), rw.h.now())
+	var buf [cookieLen]byte
+	full := rw.h.cookies.appendCookie(buf[:0], rw.cookie, rw.src.Addr(), rw.h.now())
 	cp := *m
 	cp.Extra = make([]dns.RR, 0, len(m.Extra)+1)
 	var opt *dns.OPT

@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"errors"
+	"github.com/dnsrake/rrl/tcplimit"
 	"math/rand/v2"
 	"net"
 	"runtime"
@@ -454,7 +455,7 @@ func TestHandlerTCPLimitedCloses(t *testing.T) {
 	// TCPLimiter is free again.
 	r := NewRRL(fixedConfig(t, "requests-per-second", "1"))
 	h := NewHandler(new(handlerZone), r)
-	l := LimitListener(listenTCP(t), 1)
+	l := tcplimit.LimitListener(listenTCP(t), 1)
 	serve(t, &dns.Server{Listener: l, Handler: h, IdleTimeout: func() time.Duration { return time.Minute },
 		ReadTimeout: time.Minute})
 	c, err := net.DialTimeout("tcp", l.Addr().String(), answerWait)

@@ -249,7 +249,7 @@ func TestHandlerUDPSendSlipDrop(t *testing.T) {
 
 // clientCookie sets a client cookie, or a full cookie, on q.
 func withCookie(q *dns.Msg, cookie []byte) *dns.Msg {
-	SetCookie(q, cookie)
+	setCookie(q, cookie)
 	return q
 }
 
@@ -257,7 +257,7 @@ func TestHandlerCookies(t *testing.T) {
 	now := time.Unix(1_750_000_000, 0)
 	cookies := NewCookies(CookieSecret{7})
 	r := NewRRL(fixedConfig(t, "responses-per-second", "1", "slip-ratio", "1"))
-	h := NewHandler(new(handlerZone), r, WithCookies(cookies), WithClock(func() time.Time { return now }))
+	h := NewHandler(new(handlerZone), r, WithCookies(cookies), withClock(func() time.Time { return now }))
 	udp, tcp := startDNS(t, h)
 	client := netip.MustParseAddr("127.0.0.1")
 	cc := []byte{1, 2, 3, 4, 5, 6, 7, 8}
@@ -266,8 +266,8 @@ func TestHandlerCookies(t *testing.T) {
 	// the client now, and returns the full cookie.
 	verifyServerCookie := func(what string, resp *dns.Msg) []byte {
 		t.Helper()
-		full, ok := CookieFromMsg(resp)
-		if !ok || len(full) != CookieLen || string(full[:8]) != string(cc) {
+		full, ok := cookieFromMsg(resp)
+		if !ok || len(full) != cookieLen || string(full[:8]) != string(cc) {
 			t.Fatalf("%s: cookie %x in %v", what, full, resp)
 		}
 		if v := cookies.Verify(full, client, now); v != CookieValid {
@@ -300,7 +300,7 @@ func TestHandlerCookies(t *testing.T) {
 
 	// A bad server cookie is not exempt, but still gets a good one.
 	bad := append([]byte(nil), full...)
-	bad[CookieLen-1] ^= 1
+	bad[cookieLen-1] ^= 1
 	resp = exchange(t, "udp", udp, withCookie(query("www.example.test.", dns.TypeA, true), bad), answerWait)
 	if outcome(resp) != "badcookie" {
 		t.Fatalf("bad cookie: %s", outcome(resp))
@@ -313,7 +313,7 @@ func TestHandlerCookies(t *testing.T) {
 
 	// Without a COOKIE option nothing is added.
 	resp = exchange(t, "tcp", tcp, query("www.example.test.", dns.TypeA, true), answerWait)
-	if _, ok := CookieFromMsg(resp); ok {
+	if _, ok := cookieFromMsg(resp); ok {
 		t.Fatalf("cookie in a response to a query without one: %v", resp)
 	}
 
@@ -398,10 +398,10 @@ func TestHandlerWildcard(t *testing.T) {
 	// inner handler says so itself or a hook does.
 	for _, tc := range []struct {
 		suffix string
-		opts   []HandlerOption
+		opts   []Option
 	}{
 		{".wild.example.test.", nil},
-		{".hook.example.test.", []HandlerOption{WithWildcardFunc(func(m *dns.Msg) string {
+		{".hook.example.test.", []Option{WithWildcardFunc(func(m *dns.Msg) string {
 			if len(m.Answer) > 0 && strings.HasSuffix(m.Answer[0].Header().Name, ".hook.example.test.") {
 				return "hook.example.test."
 			}
@@ -509,7 +509,7 @@ func TestHandlerDoesNotModifyResponse(t *testing.T) {
 	for _, cookie := range [][]byte{nil, {1, 2, 3, 4, 5, 6, 7, 8}, nil, {1, 2, 3, 4, 5, 6, 7, 8}} {
 		q := query("www.example.test.", dns.TypeA, true)
 		if cookie != nil {
-			SetCookie(q, cookie)
+			setCookie(q, cookie)
 		}
 		h.ServeDNS(w, q)
 		if w.Last == resp && (cookie != nil || w.Last.Truncated) {
@@ -536,14 +536,14 @@ func TestHandlerSendAllocations(t *testing.T) {
 }
 
 func TestCookieOption(t *testing.T) {
-	// cookieOption agrees with CookieFromMsg on every length and on bad hex.
+	// cookieOption agrees with cookieFromMsg on every length and on bad hex.
 	for _, hexs := range []string{"", "ab", "0102030405060708", "0102030405060708" + strings.Repeat("cd", 16),
 		strings.Repeat("ab", 40), strings.Repeat("ab", 41), "0102030405060708zz", "abc"} {
 		q := query("x.", dns.TypeA, true)
 		q.IsEdns0().Option = append(q.IsEdns0().Option, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: hexs})
-		var buf [ClientCookieLen + maxServerCookieLen]byte
+		var buf [clientCookieLen + maxServerCookieLen]byte
 		got, ok := cookieOption(q, &buf)
-		want, wok := CookieFromMsg(q)
+		want, wok := cookieFromMsg(q)
 		if len(want) > len(buf) {
 			// Too long for the buffer: returned empty, malformed all the same.
 			c := NewCookies(CookieSecret{})
@@ -557,7 +557,7 @@ func TestCookieOption(t *testing.T) {
 			t.Errorf("%q: got %x %v, want %x %v", hexs, got, ok, want, wok)
 		}
 	}
-	var buf [ClientCookieLen + maxServerCookieLen]byte
+	var buf [clientCookieLen + maxServerCookieLen]byte
 	if got, ok := cookieOption(query("x.", dns.TypeA, true), &buf); ok || got != nil {
 		t.Errorf("no COOKIE option: %x %v", got, ok)
 	}
@@ -580,11 +580,11 @@ func benchHandler(tb testing.TB, cookie bool) (*Handler, *fakeWriter, *dns.Msg) 
 	}
 	w := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1).To4(), Port: 5000}}
 	q := query("www.example.test.", dns.TypeA, cookie)
-	var opts []HandlerOption
+	var opts []Option
 	if cookie {
 		c := NewCookies(CookieSecret{9})
 		opts = append(opts, WithCookies(c))
-		SetCookie(q, c.Generate([]byte{1, 2, 3, 4, 5, 6, 7, 8}, netip.MustParseAddr("192.0.2.1"), time.Now()))
+		setCookie(q, c.Generate([]byte{1, 2, 3, 4, 5, 6, 7, 8}, netip.MustParseAddr("192.0.2.1"), time.Now()))
 	}
 	return NewHandler(staticHandler{resp}, NewRRL(cfg), opts...), w, q
 }
@@ -627,7 +627,7 @@ func TestHandlerConcurrentSharedResponse(t *testing.T) {
 			for i := range 200 {
 				q := query("www.example.test.", dns.TypeA, true)
 				if i%2 == 0 {
-					SetCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, byte(g)})
+					setCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, byte(g)})
 				}
 				h.ServeDNS(w, q)
 			}
@@ -656,7 +656,7 @@ func TestHandlerConcurrentSharedResponse(t *testing.T) {
 // must be a DNS message whose slips carry no records.
 func FuzzHandler(f *testing.F) {
 	q := query("www.example.test.", dns.TypeA, true)
-	SetCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	setCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, 8})
 	qb, _ := q.Pack()
 	r := new(dns.Msg)
 	r.SetReply(q)
@@ -723,7 +723,7 @@ func floodServer(tb testing.TB, reader bool) (*net.UDPAddr, *atomic.Int64, *Limi
 		m.SetReply(req)
 		w.WriteMsg(m)
 	})
-	var opts []HandlerOption
+	var opts []Option
 	if !reader {
 		opts = append(opts, withLimiter(lim))
 	}

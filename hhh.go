@@ -16,75 +16,20 @@ import (
 	"unsafe"
 )
 
-// Limiter is the per-source request limiter: the Go model of the kernel socket
-// filter, and the fallback a server calls itself when eBPF cannot be loaded. It
-// decides, for each arriving query, whether the server should process it.
+// A Limiter is the per-source request limiter in Go: the model of the kernel socket
+// filter, and the limits a Protection applies where the eBPF filter is not in force.
+// Allow tells whether the server should process a query from a source.
 //
-// Algorithm. Sources are grouped at several nodes: for each prefix level of the
-// packet's family (Config's ipv4-request-levels / ipv6-request-levels plus the client
-// network, finest first) the group of sources sharing that prefix; the group of all
-// sources sharing the packet's source port; and all sources together (the capacity,
-// total-requests-per-second, off by default). Each node has a limit in packets per
-// second (the level's factor times requests-per-second, source-port-factor times
-// requests-per-second, or the capacity); a node with limit 0 is off. Every packet is
-// counted at all of its nodes, whether it is then dropped or not, and passes with
-// probability min(1, limit/rate) over its nodes, decided with one uniform draw u in
-// [0,1): it passes when u*rate < limit at every node. So a group over its limit is
-// trimmed to the limit rather than cut off, a packet that fits its own address's
-// limit can still be trimmed by its /24's, and everything outside an over-limit
-// group is untouched. IPv4-mapped IPv6 sources count as IPv4; sources in
-// exempt-clients pass uncounted; with report-only every packet passes and Stats
-// count what would have happened.
+// Sources are grouped at several levels (each prefix level of the source's family,
+// the source port, and all sources together), each with a limit in packets per
+// second. Every packet counts at all its levels and passes with probability
+// min(1, limit/rate) over them, so a group over its limit is trimmed to the limit
+// rather than cut off, and traffic outside it is untouched. Rates are estimated in
+// fixed-size sketches (768 KiB per Limiter, no per-source state). docs/request-limiter.md
+// has the details.
 //
-// Estimator. Each node has a CountMin sketch (2 rows of 2048 cells, keyed by a
-// per-Limiter random seed) whose cells hold an exponentially decayed count with a
-// half-life of 200 ms, in fixed point (see countmin.go): a steady rate is estimated
-// within 10% after 0.7 s (limiting starts within tens of milliseconds of a flood and
-// admits less than 10% over the limit after 0.7 s); a group that stops sending is
-// released once its decaying estimate falls under its limit, 200 ms times
-// log2(rate/limit) later (0.66 s at 10 times the limit, 1.3 s at 100 times); and
-// bursts are not mistaken for huge rates. The estimate of a random (Poisson) source is
-// noisy, with a relative standard deviation of 1/sqrt(2*rate*0.289 s), 13% at 100
-// packets per second, so the limit has a soft edge: with a limit of 100, a source at
-// 80 loses about 0.2% and one at 100 about 5%. Sharing cells can only over-estimate a
-// group, by at most 0.13% of its node's total traffic with probability 86% per
-// group, and both rows must collide to matter.
-//
-// Memory is constant: 12 sketches of 64 KiB, 768 KiB in all, allocated
-// by NewLimiter. No per-source state exists, so spoofed random sources cannot fill a
-// table.
-//
-// Because dropped packets count too (an attacker cannot lower its measured rate by
-// being dropped), a group far over its limit also loads the coarser groups that
-// contain it: a /24 sending 20 times requests-per-second keeps its /16 (limit 16
-// times by default) over its limit, so other networks in that /16 are trimmed too,
-// to 16/20 of their traffic; networks outside it are untouched.
-//
-// Concurrency. All methods are safe for concurrent use and take no locks on the
-// per-packet path (Allow, AllowAt): each sketch cell is updated by a
-// load, a computation and a store of its two words, so simultaneous arrivals on one
-// cell may occasionally count once instead of twice, as in the kernel's shared
-// maps (see cmCell). The counters are atomic. Update may be called while packets are
-// being judged.
-//
-// Events. With Config.SetEventFunc the Limiter reports when it starts and stops
-// limiting a source group (LimitEvent with Account AccountGroup; see
-// limiterevents.go).
-//
-// Use. With the kernel filter attached, the kernel does this work and the server
-// does nothing. Without it (no CAP_BPF), call Allow with the source of every query
-// right after reading it, before parsing, and drop the query when it returns false:
-//
-//	n, src, err := conn.ReadFromUDPAddrPort(buf)
-//	if err != nil { ... }
-//	if !limiter.Allow(src) {
-//		continue // over its group's limit: no parsing, no response
-//	}
-//
-// AllowAt takes the clock and the random draw as arguments, for tests
-// and for replaying the kernel program's inputs.
-//
-// Create a Limiter with NewLimiter; the zero value is not usable.
+// All methods are safe for concurrent use. Create a Limiter with NewLimiter; the zero
+// value is not usable.
 type Limiter struct {
 	seedv  uint64
 	mix0   uint64 // mix64(seedv): the first step of sketchHash when hi is 0
@@ -102,8 +47,8 @@ type Limiter struct {
 
 // limiterParams is everything a Config sets, swapped atomically by Update.
 type limiterParams struct {
-	limit      [numNodes]Fixed
-	trip       [numNodes]Fixed // tripCount(limit): below it every draw passes
+	limit      [numNodes]fixed
+	trip       [numNodes]fixed // tripCount(limit): below it every draw passes
 	prefix     [numNodes]int
 	name       [numNodes]LimiterNode
 	levels     [2]int // active level nodes of IPv4 (nodes 0..levels[0]-1) and IPv6
@@ -224,22 +169,10 @@ type LimiterStats struct {
 	CookiePassed uint64
 	// Nodes has one entry per active node: IPv4 levels finest first, IPv6 levels,
 	// then the port and total nodes when on.
-	Nodes []LimiterNodeStats
+	Nodes []NodeStats
 	// Capacity reports the capacity mode (Config keyword capacity) when a
 	// controller runs for the Limiter (a Protection's), else nil.
 	Capacity *CapacityStats
-}
-
-// LimiterNodeStats are one node's settings and counters.
-type LimiterNodeStats struct {
-	Node LimiterNode
-	// Limit is the node's limit in packets per second.
-	Limit float64
-	// Packets is the number of packets counted at the node.
-	Packets uint64
-	// Limited is the number of packets this node limited (the first node whose limit
-	// the packet's draw exceeded).
-	Limited uint64
 }
 
 // NewLimiter returns a Limiter enforcing cfg's request limits (requests-per-second,
@@ -296,16 +229,16 @@ func newLimiterParams(cfg *Config) (*limiterParams, error) {
 				return nil, fmt.Errorf("rrl: request level /%d out of range", lv.PrefixLen)
 			}
 			n := first + i
-			// A positive limit too small for a Fixed is the smallest one, not 0 (off).
-			p.limit[n] = max(FixedFromFloat(lv.Limit), 1)
+			// A positive limit too small for a fixed is the smallest one, not 0 (off).
+			p.limit[n] = max(fixedFromFloat(lv.Limit), 1)
 			p.prefix[n] = lv.PrefixLen
 			p.name[n] = tag | LimiterNode(lv.PrefixLen)
 		}
 		p.levels[fam] = len(levels)
 	}
-	p.limit[nodePort] = FixedFromFloat(cfg.requestsPerSecond * cfg.sourcePortFactor)
+	p.limit[nodePort] = fixedFromFloat(cfg.requestsPerSecond * cfg.sourcePortFactor)
 	p.name[nodePort] = NodePort
-	p.limit[nodeTotal] = FixedFromFloat(cfg.totalRequests)
+	p.limit[nodeTotal] = fixedFromFloat(cfg.totalRequests)
 	p.name[nodeTotal] = NodeTotal
 	p.initCapacity(cfg) // capacity.go
 	for n, limit := range p.limit {
@@ -357,15 +290,15 @@ func (l *Limiter) Allow(src netip.AddrPort) bool {
 	return l.decideAt(src, coarseNanos(), rand.Uint32()).Allowed
 }
 
-// AllowAt judges a query from src arriving at now, in nanoseconds of a monotonic clock
+// allowAt judges a query from src arriving at now, in nanoseconds of a monotonic clock
 // (the kernel filter's is CLOCK_MONOTONIC at tick resolution), with rand a uniform
 // 32-bit random draw. Time that stands still or steps back counts the arrival without
 // decaying anything; negative times count as 0.
-func (l *Limiter) AllowAt(src netip.AddrPort, now int64, rand uint32) bool {
+func (l *Limiter) allowAt(src netip.AddrPort, now int64, rand uint32) bool {
 	return l.decideAt(src, now, rand).Allowed
 }
 
-// decideAt is AllowAt with the full verdict: which node limited the packet. A source
+// decideAt is allowAt with the full verdict: which node limited the packet. A source
 // that is not a valid address is passed uncounted.
 func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVerdict {
 	p := l.params.Load()
@@ -423,8 +356,8 @@ func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVe
 	// Then every node counts the arrival, and the first node whose limit the draw
 	// exceeds (u*rate >= limit) decides.
 	t := uint64(max(now, 0))
-	u := Fixed(rand) // the draw as a fraction in [0, 1)
-	decider, dj, dc := -1, 0, Fixed(0)
+	u := fixed(rand) // the draw as a fraction in [0, 1)
+	decider, dj, dc := -1, 0, fixed(0)
 	for j := range k {
 		n := ns[j]
 		c := l.sketch[n].arrive(hs[j], t)
@@ -491,7 +424,7 @@ func (l *Limiter) decideProvenAt(src netip.AddrPort, now int64, rand uint32) lim
 		h = mix64(mix64(l.seedv^binary.BigEndian.Uint64(a16[:8])) ^ binary.BigEndian.Uint64(a16[8:]))
 	}
 	c := l.sketch[n].arrive(h, uint64(max(now, 0)))
-	refused := c >= p.trip[n] && Fixed(rand).Mul(arrivalRate(c)) >= p.limit[n]
+	refused := c >= p.trip[n] && fixed(rand).Mul(arrivalRate(c)) >= p.limit[n]
 	if ev := l.events.Load(); ev != nil {
 		if refused {
 			l.limited(ev, p, n, h, src, now, arrivalRate(c))
@@ -540,7 +473,7 @@ func (l *Limiter) Stats() LimiterStats {
 		s.Limited += n
 	}
 	add := func(n int, packets uint64) {
-		s.Nodes = append(s.Nodes, LimiterNodeStats{p.name[n], p.limit[n].Float64(), packets, limited[n]})
+		s.Nodes = append(s.Nodes, NodeStats{p.name[n], p.limit[n].Float64(), packets, limited[n]})
 	}
 	for i := range p.levels[0] {
 		add(nodeIPv4First+i, s.IPv4)
@@ -568,12 +501,12 @@ func (l *Limiter) memoryBytes() int {
 func (l *Limiter) seed() uint64 { return l.seedv }
 
 // cell returns one sketch cell of a node.
-func (l *Limiter) cell(node, row int, col uint32) (count Fixed, last uint64) {
+func (l *Limiter) cell(node, row int, col uint32) (count fixed, last uint64) {
 	return l.sketch[node][row][col].load()
 }
 
 // nodeLimit returns a node's limit, 0 when the node is off.
-func (l *Limiter) nodeLimit(node int) Fixed { return l.params.Load().limit[node] }
+func (l *Limiter) nodeLimit(node int) fixed { return l.params.Load().limit[node] }
 
 // nodePrefix returns a node's prefix length (0 for the port and total nodes and for
 // unused level nodes).

@@ -438,7 +438,7 @@ func TestLimiterReleaseTime(t *testing.T) {
 		at := 0.0
 		for at < 3 { // 3 s at k*L, Poisson
 			at += r.ExpFloat64() / (k * simL)
-			l.AllowAt(src, simT0+int64(at*second), r.Uint32())
+			l.allowAt(src, simT0+int64(at*second), r.Uint32())
 		}
 		stop, release := at, -1.0
 		for probe := stop; probe < stop+5; probe += 0.01 {
@@ -491,7 +491,7 @@ func TestLimiterNodes(t *testing.T) {
 		if got := p.name[w.node].String(); got != w.name {
 			t.Errorf("node %d is %s, want %s", w.node, got, w.name)
 		}
-		if l.nodePrefix(w.node) != w.prefix || l.nodeLimit(w.node) != FixedFromFloat(w.limit) {
+		if l.nodePrefix(w.node) != w.prefix || l.nodeLimit(w.node) != fixedFromFloat(w.limit) {
 			t.Errorf("node %d: prefix %d limit %v, want %d %v", w.node, l.nodePrefix(w.node), l.nodeLimit(w.node).Float64(), w.prefix, w.limit)
 		}
 	}
@@ -588,11 +588,11 @@ func TestLimiterInactive(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 1000 {
-		if !l.AllowAt(netip.MustParseAddrPort("198.51.100.1:53"), int64(i), math.MaxUint32) {
+		if !l.allowAt(netip.MustParseAddrPort("198.51.100.1:53"), int64(i), math.MaxUint32) {
 			t.Fatal("inactive limiter dropped a packet")
 		}
 	}
-	if !l.AllowAt(netip.AddrPort{}, 0, 0) {
+	if !l.allowAt(netip.AddrPort{}, 0, 0) {
 		t.Error("invalid source not passed")
 	}
 	if _, err := NewLimiter(nil); err == nil {
@@ -661,13 +661,13 @@ func TestLimiterUpdate(t *testing.T) {
 	if mid[2] == 0 || after[2] != 0 {
 		t.Errorf("node 2 (/16 became /20) kept its cells")
 	}
-	if l.nodePrefix(2) != 20 || l.nodeLimit(2) != FixedFromFloat(800) {
+	if l.nodePrefix(2) != 20 || l.nodeLimit(2) != fixedFromFloat(800) {
 		t.Errorf("node 2: /%d limit %v", l.nodePrefix(2), l.nodeLimit(2).Float64())
 	}
 }
 
 // snapshotCells sums each node's counts (a cheap fingerprint of its sketch).
-func snapshotCells(l *Limiter) (sum [numNodes]Fixed) {
+func snapshotCells(l *Limiter) (sum [numNodes]fixed) {
 	for n := range numNodes {
 		for row := range sketchDepth {
 			for col := range uint32(sketchWidth) {
@@ -686,7 +686,7 @@ func snapshotCells(l *Limiter) (sum [numNodes]Fixed) {
 // packets, times and draws must give the same verdicts and the same cells.
 type refLimiter struct {
 	seed   uint64
-	limit  [numNodes]Fixed
+	limit  [numNodes]fixed
 	prefix [numNodes]int
 	nv4    int
 	nv6    int
@@ -696,15 +696,15 @@ type refLimiter struct {
 func newRefLimiter(cfg *Config, seed uint64) *refLimiter {
 	m := &refLimiter{seed: seed}
 	for i, lv := range cfg.requestLevels(true) {
-		m.limit[i], m.prefix[i] = FixedFromFloat(lv.Limit), lv.PrefixLen
+		m.limit[i], m.prefix[i] = fixedFromFloat(lv.Limit), lv.PrefixLen
 		m.nv4++
 	}
 	for i, lv := range cfg.requestLevels(false) {
-		m.limit[nodeIPv6First+i], m.prefix[nodeIPv6First+i] = FixedFromFloat(lv.Limit), lv.PrefixLen
+		m.limit[nodeIPv6First+i], m.prefix[nodeIPv6First+i] = fixedFromFloat(lv.Limit), lv.PrefixLen
 		m.nv6++
 	}
-	m.limit[nodePort] = FixedFromFloat(cfg.requestsPerSecond * cfg.sourcePortFactor)
-	m.limit[nodeTotal] = FixedFromFloat(cfg.totalRequests)
+	m.limit[nodePort] = fixedFromFloat(cfg.requestsPerSecond * cfg.sourcePortFactor)
+	m.limit[nodeTotal] = fixedFromFloat(cfg.totalRequests)
 	for n := range m.sk {
 		m.sk[n] = newRefSketch(sketchDepth, sketchWidth)
 	}
@@ -746,7 +746,7 @@ func (m *refLimiter) decide(src netip.AddrPort, now int64, draw uint32) (bool, i
 	decider := -1
 	for _, k := range keys {
 		rate := arrivalRate(m.sk[k.node].arrive(sketchHash(m.seed, k.hi, k.lo|uint64(k.port)), t))
-		if decider < 0 && !(Fixed(draw).Mul(rate) < m.limit[k.node]) {
+		if decider < 0 && !(fixed(draw).Mul(rate) < m.limit[k.node]) {
 			decider = k.node
 		}
 	}
@@ -888,7 +888,7 @@ func TestLimiterConcurrent(t *testing.T) {
 				if w == 3 {
 					l.Allow(src)
 				} else {
-					l.AllowAt(src, int64(i)*100_000, r.Uint32())
+					l.allowAt(src, int64(i)*100_000, r.Uint32())
 				}
 			}
 		}()
@@ -973,11 +973,11 @@ func BenchmarkLimiter(b *testing.B) {
 		}{{"hot", 1}, {"many", 1 << 16}} {
 			srcs := benchSources(fam == "ipv6", c.sources)
 			mask := len(srcs) - 1
-			b.Run(fam+"/"+c.name+"/AllowAt", func(b *testing.B) {
+			b.Run(fam+"/"+c.name+"/allowAt", func(b *testing.B) {
 				l := testLimiter(b, 100)
 				benchLoop(b, l, func(i int) {
 					// 1 Mpps of simulated time, draws from a multiplicative hash.
-					l.AllowAt(srcs[i&mask], simT0+int64(i)*1000, uint32(i)*2654435761)
+					l.allowAt(srcs[i&mask], simT0+int64(i)*1000, uint32(i)*2654435761)
 				})
 			})
 			b.Run(fam+"/"+c.name+"/Allow", func(b *testing.B) {
@@ -997,5 +997,38 @@ func BenchmarkLimiter(b *testing.B) {
 				b.ReportMetric(float64(l.memoryBytes()), "sketch-bytes")
 			})
 		}
+	}
+}
+
+// The Limiter on a simulated clock: a source flooding at ten times the limit is
+// trimmed to the limit, while a client in another network is untouched.
+func TestLimiterSimulatedFlood(t *testing.T) {
+	cfg := NewConfig()
+	if err := cfg.SetValue("requests-per-second", "100"); err != nil {
+		t.Fatal(err)
+	}
+	limiter, err := NewLimiter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flood := netip.MustParseAddrPort("198.51.100.7:40000")
+	client := netip.MustParseAddrPort("192.0.2.1:53000")
+	r := rand.New(rand.NewPCG(1, 2)) // seeded draws: a reproducible run
+
+	floodPassed, clientPassed := 0, 0
+	for ms := range 10_000 { // 10 s: the flood at 1000 pps, the client at 10 pps
+		now := int64(ms) * int64(time.Millisecond)
+		if limiter.allowAt(flood, now, r.Uint32()) && ms >= 1000 {
+			floodPassed++ // counted after the first second
+		}
+		if ms%100 == 0 && limiter.allowAt(client, now, r.Uint32()) {
+			clientPassed++
+		}
+	}
+	if got := (floodPassed/9 + 5) / 10 * 10; got != 100 {
+		t.Errorf("flood: about %d per second passed (%d in 9 s), want about 100", got, floodPassed)
+	}
+	if clientPassed != 100 {
+		t.Errorf("client: %d of 100 passed", clientPassed)
 	}
 }

@@ -101,7 +101,7 @@ func TestKernelFixedPointMatchesGo(t *testing.T) {
 		if err := objs.TestFP.Lookup(uint32(0), &out); err != nil {
 			t.Fatal(err)
 		}
-		fa, fb := Fixed(a), Fixed(b)
+		fa, fb := fixed(a), fixed(b)
 		checks := []struct {
 			name      string
 			got, want uint64
@@ -112,7 +112,7 @@ func TestKernelFixedPointMatchesGo(t *testing.T) {
 			{"add", out.Add, uint64(fa.Add(fb))},
 			{"sub", out.Sub, uint64(fa.Sub(fb))},
 			{"decay", out.Decay, uint64(decayFactor(a))},
-			{"rate", out.Rate, uint64(kernelMul(fa.Sub(FixedHalf), rateScale))},
+			{"rate", out.Rate, uint64(kernelMul(fa.Sub(fixedHalf), rateScale))},
 			{"hash", out.Hash, sketchHash(a, b, a^b)},
 		}
 		for _, c := range checks {
@@ -124,17 +124,17 @@ func TestKernelFixedPointMatchesGo(t *testing.T) {
 		if _, ok := refMul(fa, fb); ok && out.Mul != uint64(fa.Mul(fb)) {
 			t.Fatalf("mul(%#x, %#x): kernel %#x, Mul %#x", a, b, out.Mul, uint64(fa.Mul(fb)))
 		}
-		if _, ok := refMul(fa.Sub(FixedHalf), rateScale); ok && out.Rate != uint64(arrivalRate(fa)) {
+		if _, ok := refMul(fa.Sub(fixedHalf), rateScale); ok && out.Rate != uint64(arrivalRate(fa)) {
 			t.Fatalf("rate(%#x): kernel %#x, arrivalRate %#x", a, out.Rate, uint64(arrivalRate(fa)))
 		}
 	}
 }
 
-// kernelMul is fp_mul: floor(a*b/2^32) modulo 2^64. It is Fixed.Mul where the
+// kernelMul is fp_mul: floor(a*b/2^32) modulo 2^64. It is fixed.Mul where the
 // product fits; beyond, Mul saturates and fp_mul wraps (its callers stay within).
-func kernelMul(a, b Fixed) Fixed {
+func kernelMul(a, b fixed) fixed {
 	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	return Fixed(hi<<32 | lo>>32)
+	return fixed(hi<<32 | lo>>32)
 }
 
 // TestLayoutVersionMatchesProgram: the version the Go side writes into the settings

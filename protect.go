@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/dnsrake/rrl/tcplimit"
 	"net"
 	"net/netip"
 	"slices"
@@ -33,8 +34,8 @@ type Protection struct {
 	rrl     *RRL
 	cookies *Cookies // nil without cookies
 	handler *Handler
-	opts    protectOptions
-	// secretChosen: the cookie secret is the caller's (ProtectCookies or the
+	opts    options
+	// secretChosen: the cookie secret is the caller's (WithCookies or the
 	// Config's cookie-secret), the same in every process of a site; a random one
 	// must not be written into a pinned filter that other processes share.
 	secretChosen bool
@@ -58,7 +59,7 @@ type Protection struct {
 	cookieReason  error // why the eBPF filter does not verify the cookies, or nil
 	socks         []*heldSocket
 	udp           []*net.UDPConn // the sockets of Protect and AddUDP, in order
-	tcp           []*TCPLimiter
+	tcp           []*tcplimit.Listener
 	done          bool
 	watch         *kernelWatch // the eBPF filter's limiting events; nil without that filter
 	capacity      *capacityRun // the Go Limiter's capacity controller (capacity_go.go), under limMu
@@ -165,53 +166,68 @@ func (s Status) String() string {
 	return msg
 }
 
-// ProtectOption changes what Protect builds.
-type ProtectOption func(*protectOptions)
+// Option configures Protect, NewProtection and NewHandler. NewHandler heeds only
+// WithCookies and WithWildcardFunc.
+type Option func(*options)
 
-type protectOptions struct {
+type options struct {
 	cookies    *Cookies
 	noCookies  bool
 	pinDir     string
 	noFilter   bool
-	handler    []HandlerOption
 	tcpPerConn int
+	wildcard   func(resp *dns.Msg) string
+	now        func() time.Time // cookie clock, for tests (time.Now by default)
+	limiter    *Limiter         // a Handler's own Go request limits, for tests
 }
 
-// ProtectCookies makes the Protection issue and verify DNS server cookies with c, to
-// share one secret between servers; by default it makes a Cookies with the Config's
-// cookie-secret, or a random secret. A cookie-secret in the Config (at the start or
-// in Update) is applied to c. Either way the secret counts as the site's: a pinned
+// WithCookies makes the server verify and issue DNS server cookies with c: queries
+// over UDP with a valid server cookie are not rate limited, responses to queries
+// with a client cookie carry a server cookie, slips become BADCOOKIE for them, and
+// malformed COOKIE options are answered with FORMERR. A Protection has cookies by
+// default, with the Config's cookie-secret or a random secret; WithCookies shares
+// one secret between servers, and a cookie-secret in the Config (at the start or in
+// Update) is applied to c. Either way the secret counts as the site's: a pinned
 // filter gets it (see Protect).
-func ProtectCookies(c *Cookies) ProtectOption { return func(o *protectOptions) { o.cookies = c } }
+func WithCookies(c *Cookies) Option { return func(o *options) { o.cookies = c } }
 
-// ProtectWithoutCookies turns DNS server cookies off.
-func ProtectWithoutCookies() ProtectOption { return func(o *protectOptions) { o.noCookies = true } }
+// WithoutCookies turns a Protection's DNS server cookies off.
+func WithoutCookies() Option { return func(o *options) { o.noCookies = true } }
 
-// ProtectPinned attaches the filter a privileged step pinned in dir (LoadPinned, or
-// rrlctl load) instead of loading one, which needs no privilege (Linux 5.19 and
-// later); when that fails the Protection falls back as Attach does, and Status says
-// why.
-func ProtectPinned(dir string) ProtectOption { return func(o *protectOptions) { o.pinDir = dir } }
+// WithPinned makes a Protection attach the filter a privileged step pinned in dir
+// (LoadPinned, or rrlctl load) instead of loading one, which needs no privilege
+// (Linux 5.19 and later); when that fails the Protection falls back as Attach does,
+// and Status says why.
+func WithPinned(dir string) Option { return func(o *options) { o.pinDir = dir } }
 
-// ProtectWithoutFilter attaches no kernel filter: the request limits apply in Go.
-// For a server whose sockets get a filter from outside (rrlctl attach), which should
-// then leave requests-per-second at 0 in cfg so as not to limit twice.
-func ProtectWithoutFilter() ProtectOption { return func(o *protectOptions) { o.noFilter = true } }
+// WithoutFilter makes a Protection attach no kernel filter: the request limits apply
+// in Go. For a server whose sockets get a filter from outside (rrlctl attach), which
+// should then leave requests-per-second at 0 in cfg so as not to limit twice.
+func WithoutFilter() Option { return func(o *options) { o.noFilter = true } }
 
-// errFilterOff is Status.Reason under ProtectWithoutFilter.
-var errFilterOff = errors.New("rrl: kernel filter turned off (ProtectWithoutFilter)")
+// errFilterOff is Status.Reason under WithoutFilter.
+var errFilterOff = errors.New("rrl: kernel filter turned off (WithoutFilter)")
 
-// ProtectHandler passes options to the Handler (WithWildcardFunc, WithClock;
-// WithCookies is ProtectCookies' job).
-func ProtectHandler(opts ...HandlerOption) ProtectOption {
-	return func(o *protectOptions) { o.handler = append(o.handler, opts...) }
+// WithWildcardFunc gives the Handler a function that returns the wildcard origin of
+// a response the inner handler wrote (see ResponseTupleFromMsg), or "" when the
+// response was not synthesised. It is consulted only when the inner handler did not
+// call SetWildcardOrigin.
+func WithWildcardFunc(f func(resp *dns.Msg) string) Option {
+	return func(o *options) { o.wildcard = f }
 }
 
-// ProtectTCPConnsPerClient sets the concurrent TCP connections each client may hold
-// (DefaultTCPConnsPerClient by default).
-func ProtectTCPConnsPerClient(n int) ProtectOption {
-	return func(o *protectOptions) { o.tcpPerConn = n }
-}
+// WithTCPConnsPerClient sets the concurrent TCP connections each client may hold on
+// a Protection's TCP servers (tcplimit.DefaultConnsPerClient by default).
+func WithTCPConnsPerClient(n int) Option { return func(o *options) { o.tcpPerConn = n } }
+
+// withClock sets the clock server cookies are made and verified with (time.Now by
+// default), for tests. The RRL has its own (Config.SetNowFunc).
+func withClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// withLimiter makes a Handler hold UDP queries to l's request limits before the
+// inner handler sees them, as a Protection's Handler does where the eBPF filter is
+// not in force; for tests of the Handler alone.
+func withLimiter(l *Limiter) Option { return func(o *options) { o.limiter = l } }
 
 // Protect protects a DNS server serving next over udp (and over TCP through
 // TCPServer) with the limits in cfg (nil means NewConfig()).
@@ -224,13 +240,13 @@ func ProtectTCPConnsPerClient(n int) ProtectOption {
 // Protect fails only when cfg is invalid or udp cannot be protected at all (not a UDP
 // socket).
 //
-// Server cookies are on unless ProtectWithoutCookies is given, made with cfg's
-// cookie-secret or ProtectCookies' Cookies, else a random secret, and the eBPF
-// filter verifies them too. A pinned filter (ProtectPinned) is shared by every
+// Server cookies are on unless WithoutCookies is given, made with cfg's
+// cookie-secret or WithCookies' Cookies, else a random secret, and the eBPF
+// filter verifies them too. A pinned filter (WithPinned) is shared by every
 // process attached to it and holds one set of secrets: it gets this process's only
 // when they are configured (every process of a site writes the same); with a random
 // one, Status reports KernelCookies false and says why in CookiesReason.
-func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOption) (*Protection, error) {
+func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...Option) (*Protection, error) {
 	p, err := NewProtection(next, cfg, opts...)
 	if err != nil {
 		return nil, err
@@ -247,7 +263,7 @@ func Protect(udp *net.UDPConn, next dns.Handler, cfg *Config, opts ...ProtectOpt
 // server that adds them with AddUDP. Until then, and for every UDP query that does
 // not arrive on a socket where the Protection's eBPF filter is in force, the Handler
 // applies the request limits in Go. It fails only when cfg is invalid.
-func NewProtection(next dns.Handler, cfg *Config, opts ...ProtectOption) (*Protection, error) {
+func NewProtection(next dns.Handler, cfg *Config, opts ...Option) (*Protection, error) {
 	if cfg == nil {
 		cfg = NewConfig()
 	}
@@ -263,7 +279,6 @@ func NewProtection(next dns.Handler, cfg *Config, opts ...ProtectOption) (*Prote
 	if _, err := newLimiterParams(cfg); err != nil {
 		return nil, err
 	}
-	hopts := append([]HandlerOption(nil), p.opts.handler...)
 	if !p.opts.noCookies {
 		p.cookies = p.opts.cookies
 		p.secretChosen = p.cookies != nil || cfg.secrets != nil
@@ -275,9 +290,10 @@ func NewProtection(next dns.Handler, cfg *Config, opts ...ProtectOption) (*Prote
 		if cs := cfg.secrets; cs != nil {
 			p.cookies.setSecrets(cs.current, cs.previous)
 		}
-		hopts = append(hopts, WithCookies(p.cookies))
 	}
-	p.handler = NewHandler(next, p.rrl, hopts...)
+	ho := p.opts
+	ho.cookies = p.cookies // nil under WithoutCookies
+	p.handler = newHandler(next, p.rrl, &ho)
 	p.handler.core = p
 	p.upstream.Store(new([]netip.AddrPort))
 	holders.Lock()
@@ -364,7 +380,7 @@ func (p *Protection) newFilter(conn syscall.Conn) (*Filter, error) {
 
 // useFilterCookies gives the eBPF filter the Handler's cookie secrets, and sets
 // KernelCookies; p.mu is held. A pinned filter other processes may share gets them
-// only when they are the caller's (ProtectCookies, cookie-secret): a random secret
+// only when they are the caller's (WithCookies, cookie-secret): a random secret
 // of this process would make the cookies of every other process invalid there.
 func (p *Protection) useFilterCookies() error {
 	f := p.filter
@@ -848,9 +864,9 @@ const tcpReadTimeout = 5 * time.Second
 func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 	per := p.opts.tcpPerConn
 	if per == 0 {
-		per = DefaultTCPConnsPerClient
+		per = tcplimit.DefaultConnsPerClient
 	}
-	t := LimitListener(l, per)
+	t := tcplimit.LimitListener(l, per)
 	p.mu.Lock()
 	p.tcp = append(p.tcp, t)
 	p.mu.Unlock()
@@ -860,10 +876,10 @@ func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 }
 
 // TCPLimiters returns the connection limiters of the listeners given to TCPServer.
-func (p *Protection) TCPLimiters() []*TCPLimiter {
+func (p *Protection) TCPLimiters() []*tcplimit.Listener {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]*TCPLimiter(nil), p.tcp...)
+	return append([]*tcplimit.Listener(nil), p.tcp...)
 }
 
 // Update applies cfg to every layer at once, keeping the response accounts, the

@@ -316,12 +316,12 @@ func TestStatusProvenClients(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  *Config
-		opts []ProtectOption
+		opts []Option
 		want string
 	}{
 		{"defaults", rpsConfig(t, "50"), nil, "server cookies verified in Go before the request limits"},
 		{"coarse IPv4 levels", coarse, nil, "proven clients judged with their networks: the finest IPv4 request level is /24, not a whole address"},
-		{"cookies off", rpsConfig(t, "50"), []ProtectOption{ProtectWithoutCookies()}, "server cookies off"},
+		{"cookies off", rpsConfig(t, "50"), []Option{WithoutCookies()}, "server cookies off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := NewProtection(answerA, tc.cfg, tc.opts...)

@@ -45,17 +45,17 @@ func resolverInFlood(t *testing.T, dst netip.AddrPort, net24 byte, learn bool) r
 	ask := func(id uint16) bool {
 		q := new(dns.Msg)
 		q.SetQuestion(fmt.Sprintf("q%d.example.test.", id), dns.TypeA)
-		SetCookie(q, cookie)
+		setCookie(q, cookie)
 		r, _, err := udp.Exchange(q, dst.String())
 		if err != nil || len(r.Answer) != 1 {
 			return false
 		}
-		if c, ok := CookieFromMsg(r); ok && len(c) == CookieLen && learn {
+		if c, ok := cookieFromMsg(r); ok && len(c) == cookieLen && learn {
 			cookie = c
 		}
 		return true
 	}
-	if learn && (!ask(0) || len(cookie) != CookieLen) {
+	if learn && (!ask(0) || len(cookie) != cookieLen) {
 		t.Fatalf("first answer: no server cookie learned (%x)", cookie)
 	}
 
@@ -125,17 +125,17 @@ var goCookieModes = []struct {
 		return attachedHost(t, cfg)
 	}},
 	{"no filter, reader", false, func(t *testing.T, cfg *Config) (*Protection, netip.AddrPort) {
-		return startProtected(t, cfg, ProtectWithoutFilter())
+		return startProtected(t, cfg, WithoutFilter())
 	}},
 	{"no filter, Handler", false, func(t *testing.T, cfg *Config) (*Protection, netip.AddrPort) {
-		return attachedHost(t, cfg, ProtectWithoutFilter())
+		return attachedHost(t, cfg, WithoutFilter())
 	}},
 }
 
 // attachedHost opens a loopback socket, gives it to a Protection of NewProtection
 // with AttachLocal, and serves the Protection's Handler on it with a server of its
 // own, as CoreDNS does.
-func attachedHost(t *testing.T, cfg *Config, opts ...ProtectOption) (*Protection, netip.AddrPort) {
+func attachedHost(t *testing.T, cfg *Config, opts ...Option) (*Protection, netip.AddrPort) {
 	t.Helper()
 	conn, addr := listenLoopback(t)
 	p, err := NewProtection(answerA, cfg, opts...)

@@ -11,14 +11,14 @@ import (
 	"github.com/dnsrake/rrl/internal/procsock"
 )
 
-// TestProtectWithoutFilter: ProtectWithoutFilter leaves the socket without a kernel
+// TestProtectWithoutFilter: WithoutFilter leaves the socket without a kernel
 // filter even where eBPF loads, and enforces the request limits in Go instead; a
 // filter attached to the socket from outside stays.
 func TestProtectWithoutFilter(t *testing.T) {
 	requireBPF(t)
 	cfg := NewConfig()
 	cfg.SetValue("requests-per-second", "20")
-	p, dst := startProtected(t, cfg, ProtectWithoutFilter())
+	p, dst := startProtected(t, cfg, WithoutFilter())
 	st := p.Status()
 	if st.Filter != ModeNone || st.RequestsInKernel || !errors.Is(st.Reason, errFilterOff) || p.Filter() != nil || p.Limiter() == nil {
 		t.Fatalf("status %v, filter %v, limiter %v; want no filter and the Go limiter", st, p.Filter(), p.Limiter())

@@ -29,19 +29,19 @@ func exchangeCookie(t *testing.T, addr netip.AddrPort) *dns.Msg {
 	return r
 }
 
-// TestProtectCookieOptions: ProtectCookies shares a Cookies (its secret makes the
-// answer's server cookie, and the kernel filter verifies with it), ProtectHandler
+// TestProtectCookieOptions: WithCookies shares a Cookies (its secret makes the
+// answer's server cookie, and the kernel filter verifies with it), withClock
 // passes options to the Handler (its clock stamps the cookie), and
-// ProtectWithoutCookies leaves cookies out.
+// WithoutCookies leaves cookies out.
 func TestProtectCookieOptions(t *testing.T) {
 	requireBPF(t)
 	c := NewCookies(CookieSecret{1, 2, 3})
 	stamp := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	p, addr := startProtected(t, nil, ProtectCookies(c), ProtectHandler(WithClock(func() time.Time { return stamp })))
+	p, addr := startProtected(t, nil, WithCookies(c), withClock(func() time.Time { return stamp }))
 	if p.Cookies() != c || !p.Status().KernelCookies {
 		t.Fatalf("Cookies %p (want %p), status %v", p.Cookies(), c, p.Status())
 	}
-	cookie, ok := CookieFromMsg(exchangeCookie(t, addr))
+	cookie, ok := cookieFromMsg(exchangeCookie(t, addr))
 	if !ok {
 		t.Fatal("no cookie in the answer")
 	}
@@ -53,16 +53,16 @@ func TestProtectCookieOptions(t *testing.T) {
 		t.Errorf("the answer's cookie two hours after the Handler's clock: %v, want not valid", got)
 	}
 
-	q, addr2 := startProtected(t, nil, ProtectWithoutCookies())
+	q, addr2 := startProtected(t, nil, WithoutCookies())
 	if q.Cookies() != nil || q.Status().KernelCookies {
 		t.Fatalf("without cookies: Cookies %v, status %v", q.Cookies(), q.Status())
 	}
-	if cookie, ok := CookieFromMsg(exchangeCookie(t, addr2)); ok && len(cookie) > ClientCookieLen {
+	if cookie, ok := cookieFromMsg(exchangeCookie(t, addr2)); ok && len(cookie) > clientCookieLen {
 		t.Errorf("without cookies the answer carries a server cookie: %x", cookie)
 	}
 }
 
-// TestProtectPinned: ProtectPinned attaches the pins a privileged step loaded, so the
+// TestProtectPinned: WithPinned attaches the pins a privileged step loaded, so the
 // process shares their limits; pins that cannot be opened leave a filter of the
 // process's own, and Status says why.
 func TestProtectPinned(t *testing.T) {
@@ -73,7 +73,7 @@ func TestProtectPinned(t *testing.T) {
 	if err := LoadPinned(cfg, dir, -1, -1); err != nil {
 		t.Fatal(err)
 	}
-	p, _ := startProtected(t, nil, ProtectPinned(dir))
+	p, _ := startProtected(t, nil, WithPinned(dir))
 	st := p.Status()
 	if st.Filter != ModeEBPF || st.Pinned != dir || st.Reason != nil || p.Filter().PinDir() != dir {
 		t.Fatalf("status %v, filter pinned at %q: want the pins of %s", st, p.Filter().PinDir(), dir)
@@ -83,7 +83,7 @@ func TestProtectPinned(t *testing.T) {
 	}
 
 	missing := filepath.Join(env.mnt, "none")
-	q, _ := startProtected(t, nil, ProtectPinned(missing))
+	q, _ := startProtected(t, nil, WithPinned(missing))
 	st = q.Status()
 	if st.Filter != ModeEBPF || st.Pinned != "" || !errors.Is(st.Reason, fs.ErrNotExist) || q.Filter().PinDir() != "" {
 		t.Fatalf("missing pins: status %v", st)

@@ -27,7 +27,7 @@ var answerA = dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
 
 // startProtected protects a new loopback UDP socket with cfg and serves answerA
 // on it; everything stops when t ends.
-func startProtected(t *testing.T, cfg *Config, opts ...ProtectOption) (*Protection, netip.AddrPort) {
+func startProtected(t *testing.T, cfg *Config, opts ...Option) (*Protection, netip.AddrPort) {
 	t.Helper()
 	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -190,7 +190,7 @@ func TestProtectTCPAndStatus(t *testing.T) {
 	if r, _, err = cl.Exchange(q, addr.String()); err != nil || len(r.Answer) != 1 {
 		t.Fatalf("UDP exchange: %v %v", r, err)
 	}
-	if c, ok := CookieFromMsg(r); !ok || len(c) != ClientCookieLen+16 {
+	if c, ok := cookieFromMsg(r); !ok || len(c) != clientCookieLen+16 {
 		t.Errorf("answer to a client cookie carries cookie %x, want a server cookie (cookies on by default)", c)
 	}
 	if len(p.TCPLimiters()) != 1 {

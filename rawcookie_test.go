@@ -28,7 +28,7 @@ func packedQuery(t testing.TB, opts ...dns.EDNS0) []byte {
 // TestRawCookie: the cookie of a datagram is found where miekg/dns finds it, and
 // a datagram cut short or malformed yields none.
 func TestRawCookie(t *testing.T) {
-	full := bytes.Repeat([]byte{0xab}, CookieLen)
+	full := bytes.Repeat([]byte{0xab}, cookieLen)
 	cookie := &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: hex.EncodeToString(full)}
 	withCookie := packedQuery(t, &dns.EDNS0_NSID{Code: dns.EDNS0NSID}, cookie)
 	// An answer record before the OPT record, whose owner is a compression pointer.
@@ -72,9 +72,9 @@ func TestRawCookie(t *testing.T) {
 }
 
 // FuzzRawCookie: rawCookie never panics, and on every message miekg/dns unpacks
-// with one OPT record it finds what CookieFromMsg finds.
+// with one OPT record it finds what cookieFromMsg finds.
 func FuzzRawCookie(f *testing.F) {
-	f.Add(packedQuery(f, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: hex.EncodeToString(bytes.Repeat([]byte{7}, CookieLen))}))
+	f.Add(packedQuery(f, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: hex.EncodeToString(bytes.Repeat([]byte{7}, cookieLen))}))
 	f.Add(packedQuery(f, &dns.EDNS0_NSID{Code: dns.EDNS0NSID}, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0102030405060708"}))
 	f.Add(packedQuery(f))
 	f.Add([]byte{0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0xc0, 12, 0, 1, 0, 1})
@@ -96,9 +96,9 @@ func FuzzRawCookie(f *testing.F) {
 		if opts != 1 {
 			return
 		}
-		want, wantOK := CookieFromMsg(m)
+		want, wantOK := cookieFromMsg(m)
 		if ok != wantOK || !bytes.Equal(got, want) {
-			t.Fatalf("rawCookie = %x, %v; CookieFromMsg = %x, %v", got, ok, want, wantOK)
+			t.Fatalf("rawCookie = %x, %v; cookieFromMsg = %x, %v", got, ok, want, wantOK)
 		}
 	})
 }

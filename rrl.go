@@ -29,18 +29,18 @@ import (
 // statistics are counted per processor, so calls for different client networks
 // proceed in parallel. Update changes the settings while Debit calls go on, keeping
 // the accounts. With Config.SetEventFunc it reports when it starts and stops limiting
-// an account (LimitEvent; see rrlevents.go for when). Create it with New or NewRRL;
+// an account (LimitEvent; see rrl_events.go for when). Create it with New or NewRRL;
 // the zero value is not usable.
 type RRL struct {
 	state atomic.Pointer[rrlState] // settings and table, replaced by Update
 
 	scaleSec   atomic.Int64  // the second whose rate scale was computed for
-	scale      atomic.Uint64 // Fixed factor >= 1 applied to response costs
+	scale      atomic.Uint64 // fixed factor >= 1 applied to response costs
 	seed       uint64        // keys account and name hashes
 	nowFunc    func() time.Time
 	epoch      time.Time     // nowFunc's reading at New
 	epochNanos int64         // coarse clock reading at New
-	last       atomic.Uint64 // latest Fixed time read: the clock never runs backwards
+	last       atomic.Uint64 // latest fixed time read: the clock never runs backwards
 	stripes    stripes       // per-P statistics and query counts
 	tracker    *eventTracker // the events tracker, kept across Updates (under updateMu)
 
@@ -53,11 +53,11 @@ type RRL struct {
 // rrlState is what a Config sets and the account table, swapped as a whole by
 // Update so that Debit reads one consistent set with one atomic load and no lock.
 type rrlState struct {
-	costs     [AllowanceLast]Fixed // per category; 0 disables it
-	reqCost   Fixed                // requests-per-second; 0 disables it
-	allCost   Fixed                // all-per-second; 0 disables it
-	window    Fixed
-	maxCost   Fixed // costs are clamped to window + 1 s, which keeps sums in range
+	costs     [AllowanceLast]fixed // per category; 0 disables it
+	reqCost   fixed                // requests-per-second; 0 disables it
+	allCost   fixed                // all-per-second; 0 disables it
+	window    fixed
+	maxCost   fixed // costs are clamped to window + 1 s, which keeps sums in range
 	slipRatio uint64
 	v4Mask    uint32
 	v6MaskHi  uint64
@@ -78,7 +78,7 @@ type rrlState struct {
 
 // clockOffset is added to every time so that zero times, which run up to maxCost
 // (at most 3601 s) behind, stay positive.
-const clockOffset = 4096 * FixedOne
+const clockOffset = 4096 * fixedOne
 
 // Kinds of accounts, mixed into their keys.
 const (
@@ -145,7 +145,7 @@ func New(cfg *Config) (*RRL, error) {
 	r.tracker = newEventTracker(cfg, r.nowFunc == nil)
 	st.events = r.tracker
 	r.state.Store(st)
-	r.scale.Store(uint64(FixedOne))
+	r.scale.Store(uint64(fixedOne))
 	if r.nowFunc != nil {
 		r.epoch = r.nowFunc()
 	} else {
@@ -159,7 +159,7 @@ func New(cfg *Config) (*RRL, error) {
 // newState returns the settings of cfg, a valid Config, without a table.
 func newState(cfg *Config) *rrlState {
 	st := &rrlState{
-		window:    FixedFromInt(uint64(cfg.window)),
+		window:    fixedFromInt(uint64(cfg.window)),
 		slipRatio: uint64(cfg.slipRatio),
 		v4Mask:    ^uint32(0) << (32 - cfg.ipv4PrefixLength),
 		report:    cfg.reportOnly,
@@ -171,7 +171,7 @@ func newState(cfg *Config) *rrlState {
 		reqRate:   cfg.requestsPerSecond,
 		allRate:   cfg.allPerSecond,
 	}
-	st.maxCost = st.window + FixedOne
+	st.maxCost = st.window + fixedOne
 	st.v6MaskHi, st.v6MaskLo = prefixMask128(cfg.ipv6PrefixLength)
 	for cat := range AllowanceLast {
 		st.rates[cat] = cfg.allowance(cat)
@@ -241,14 +241,14 @@ func validate(cfg *Config) error {
 // costOf returns the cost of one debit at allowance a per second: 1/a seconds,
 // truncated so that a whole-number allowance n admits exactly n debits from one
 // second of credit; 0 for a disabled allowance.
-func (st *rrlState) costOf(a float64) Fixed {
+func (st *rrlState) costOf(a float64) fixed {
 	switch {
 	case !(a > 0):
 		return 0
 	case a == math.Trunc(a):
-		return max(FixedFromRatio(1, uint64(a)), 1)
+		return max(fixedFromRatio(1, uint64(a)), 1)
 	}
-	return min(max(FixedFromFloat(1/a), 1), st.maxCost)
+	return min(max(fixedFromFloat(1/a), 1), st.maxCost)
 }
 
 // prefixMask128 returns the mask of an IPv6 prefix of length bits as two words.
@@ -351,20 +351,20 @@ func (r *RRL) debitResponse(src netip.AddrPort, tuple *ResponseTuple) (Action, I
 	return r.debit(src.Addr().WithZone(""), true, tuple, false)
 }
 
-// timeNow returns the current time as a Fixed number of seconds since the RRL's
+// timeNow returns the current time as a fixed number of seconds since the RRL's
 // epoch plus clockOffset; times before the epoch read as the epoch.
-func (r *RRL) timeNow() Fixed {
+func (r *RRL) timeNow() fixed {
 	var ns int64
 	if r.nowFunc != nil {
 		ns = int64(r.nowFunc().Sub(r.epoch))
 	} else {
 		ns = coarseNanos() - r.epochNanos
 	}
-	return FixedFromNanos(min(ns, maxClockNanos)) + clockOffset
+	return fixedFromNanos(min(ns, maxClockNanos)) + clockOffset
 }
 
 // maxClockNanos bounds times at 68 years after the epoch, far enough below the 2^32
-// seconds a Fixed holds that sums of times, costs and windows cannot overflow. A
+// seconds a fixed holds that sums of times, costs and windows cannot overflow. A
 // clock that jumps further stands still there.
 const maxClockNanos = 1 << 31 * nanosPerSecond
 
@@ -384,7 +384,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		r.count(p.report, cat, Send, Send, IPExempt, RTNotReached)
 		return Send, IPExempt, RTNotReached
 	}
-	var cost Fixed
+	var cost fixed
 	var respKey uint64
 	if cat < AllowanceLast {
 		cost = p.costs[cat]
@@ -393,7 +393,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		respKey = r.responseKey(netHash, tuple)
 	}
 	now := r.clock(r.timeNow())
-	scale := FixedOne
+	scale := fixedOne
 	if p.qpsScale != 0 {
 		sec := int64(now.Int())
 		st := r.stripes.own()
@@ -471,11 +471,11 @@ done:
 // stepping backwards stands still instead, so it can never add credit. The shared
 // word is written about once per tick of the clock, so it stays in every core's
 // cache.
-func (r *RRL) clock(now Fixed) Fixed {
+func (r *RRL) clock(now fixed) fixed {
 	for {
 		last := r.last.Load()
 		if uint64(now) <= last {
-			return Fixed(last)
+			return fixed(last)
 		}
 		if r.last.CompareAndSwap(last, uint64(now)) {
 			return now
@@ -491,8 +491,8 @@ func (r *RRL) count(report bool, cat AllowanceCategory, act, would Action, ipr I
 }
 
 // scaled returns cost scaled for qps-scale, within maxCost.
-func (st *rrlState) scaled(cost, scale Fixed) Fixed {
-	if scale == FixedOne {
+func (st *rrlState) scaled(cost, scale fixed) fixed {
+	if scale == fixedOne {
 		return cost
 	}
 	return min(cost.Mul(scale), st.maxCost)
@@ -501,18 +501,18 @@ func (st *rrlState) scaled(cost, scale Fixed) Fixed {
 // rateScale returns the factor qps-scale applies to costs in second sec: the total
 // query rate of the previous second divided by qps-scale, or 1 when that rate is not
 // above qps-scale. One caller per second sums the stripes' counts, without locks.
-func (r *RRL) rateScale(sec int64, qpsScale uint64) Fixed {
+func (r *RRL) rateScale(sec int64, qpsScale uint64) fixed {
 	if old := r.scaleSec.Load(); old != sec && r.scaleSec.CompareAndSwap(old, sec) {
 		var total uint64
 		r.stripes.all(func(st *stripe) { total += st.queriesIn(sec - 1) })
-		f := FixedOne
+		f := fixedOne
 		if total > qpsScale {
-			f = FixedFromRatio(min(total, 1<<31), qpsScale)
+			f = fixedFromRatio(min(total, 1<<31), qpsScale)
 		}
 		r.scale.Store(uint64(f))
 		return f
 	}
-	return Fixed(r.scale.Load())
+	return fixed(r.scale.Load())
 }
 
 // accountKey returns the key of an account of the client network hashed as

@@ -396,7 +396,7 @@ func TestQPSScaleExtremeSaturates(t *testing.T) {
 	r, c := newTestRRL(t, "window", "3600", "responses-per-second", "0.00048828125",
 		"qps-scale", "1", "slip-ratio", "0")
 	p := r.state.Load()
-	if got, want := p.costs[AllowanceAnswer], FixedFromInt(2048); got != want {
+	if got, want := p.costs[AllowanceAnswer], fixedFromInt(2048); got != want {
 		t.Fatalf("cost %v, want %v", got.Float64(), want.Float64())
 	}
 	src := tcp("203.0.113.1") // TCP: counted for qps-scale, no response account
@@ -405,7 +405,7 @@ func TestQPSScaleExtremeSaturates(t *testing.T) {
 	}
 	c.now = t0.Add(time.Second)
 	runTimeline(t, r, c, []debitAt{{at: time.Second, src: udp("192.0.2.1"), tuple: www, want: "SDD"}})
-	if got := p.scaled(FixedFromInt(2048), FixedFromInt(1<<21)); got != p.maxCost {
+	if got := p.scaled(fixedFromInt(2048), fixedFromInt(1<<21)); got != p.maxCost {
 		t.Errorf("scaled(2048 s, 2^21) = %v, want maxCost %v", got.Float64(), p.maxCost.Float64())
 	}
 }
@@ -431,7 +431,7 @@ func TestTimeSteppingBackwards(t *testing.T) {
 			t.Errorf("back to %v: got %s, want SDDDDDS", back, got)
 		}
 	}
-	// Jumps far forward, beyond what a Fixed holds, neither panic nor overflow.
+	// Jumps far forward, beyond what a fixed holds, neither panic nor overflow.
 	r, c := newTestRRL(t, "responses-per-second", "2", "slip-ratio", "0")
 	runTimeline(t, r, c, []debitAt{
 		{at: 0, tuple: www, want: "SSD"},

@@ -41,18 +41,18 @@ func newPlugin(s *settings) *RRL {
 // behind, and before CoreDNS opens its sockets: until AttachLocal hands them over,
 // the Protection holds UDP queries to the request limits in Go.
 func (p *RRL) start() error {
-	var opts []rrl.ProtectOption
+	var opts []rrl.Option
 	if !p.s.kernel {
-		opts = append(opts, rrl.ProtectWithoutFilter())
+		opts = append(opts, rrl.WithoutFilter())
 	}
 	if p.s.cookies {
 		c := rrl.NewCookies(p.s.cookieSecret())
 		if p.s.prev != nil {
 			c.SetPrevious(*p.s.prev)
 		}
-		opts = append(opts, rrl.ProtectCookies(c))
+		opts = append(opts, rrl.WithCookies(c))
 	} else {
-		opts = append(opts, rrl.ProtectWithoutCookies())
+		opts = append(opts, rrl.WithoutCookies())
 	}
 	prot, err := rrl.NewProtection(inner{p}, p.s.cfg, opts...)
 	if err != nil {

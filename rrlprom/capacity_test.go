@@ -16,7 +16,7 @@ func TestCollectorCapacity(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer udp.Close()
-	p, err := rrl.Protect(udp, handlerZone{}, fixedConfig(t, "capacity", "3000"), rrl.ProtectWithoutFilter())
+	p, err := rrl.Protect(udp, handlerZone{}, fixedConfig(t, "capacity", "3000"), rrl.WithoutFilter())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package rrlprom
 
 import (
+	"github.com/dnsrake/rrl/tcplimit"
 	"net"
 	"testing"
 
@@ -22,7 +23,7 @@ func TestCollectorMalformedAndTCPReasons(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl := rrl.LimitListenerTotal(inner, 1, 1)
+	tl := tcplimit.LimitListenerTotal(inner, 1, 1)
 	defer tl.Close()
 	ch := testutil.AcceptLoop(tl)
 	a, b := net.IPv4(127, 0, 5, 1), net.IPv4(127, 0, 5, 2)

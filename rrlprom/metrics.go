@@ -5,6 +5,7 @@ package rrlprom
 
 import (
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/tcplimit"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -68,7 +69,7 @@ type Collector struct {
 	handler *rrl.Handler
 	filter  *rrl.Filter
 	limiter *rrl.Limiter
-	tcp     *rrl.TCPLimiter
+	tcp     *tcplimit.Listener
 
 	debits, actions, reportOnly, ipReasons, rtReasons, accounts, evictions *prometheus.Desc
 
@@ -98,7 +99,7 @@ func CollectFilter(f *rrl.Filter) CollectorOption { return func(c *Collector) { 
 func CollectLimiter(l *rrl.Limiter) CollectorOption { return func(c *Collector) { c.limiter = l } }
 
 // CollectTCPLimiter adds the counters of the TCP connection limiter t.
-func CollectTCPLimiter(t *rrl.TCPLimiter) CollectorOption { return func(c *Collector) { c.tcp = t } }
+func CollectTCPLimiter(t *tcplimit.Listener) CollectorOption { return func(c *Collector) { c.tcp = t } }
 
 // NewCollector returns a Collector of r's counters (r may be nil when only the
 // other sources are wanted), with metric names prefixed by namespace (which may be

@@ -1,6 +1,7 @@
 package rrlprom
 
 import (
+	"github.com/dnsrake/rrl/tcplimit"
 	"net"
 	"net/netip"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/internal/dnscookie"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -16,19 +18,19 @@ import (
 func TestCollectorRRLAndHandler(t *testing.T) {
 	r := rrl.NewRRL(fixedConfig(t, "responses-per-second", "1", "slip-ratio", "2"))
 	cookies := rrl.NewCookies(rrl.CookieSecret{5})
-	h := rrl.NewHandler(new(handlerZone), r, rrl.WithCookies(cookies), rrl.WithClock(func() time.Time { return testEpoch }))
+	h := rrl.NewHandler(new(handlerZone), r, rrl.WithCookies(cookies))
 	w := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5000}}
 	// Answers: send, slip (truncated), drop, slip (BADCOOKIE, client cookie).
 	for i := range 4 {
 		q := query("www.example.test.", dns.TypeA, true)
 		if i == 3 {
-			rrl.SetCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, 8})
+			dnscookie.Set(q, []byte{1, 2, 3, 4, 5, 6, 7, 8})
 		}
 		h.ServeDNS(w, q)
 	}
 	// A valid server cookie: exempt.
 	q := query("www.example.test.", dns.TypeA, true)
-	rrl.SetCookie(q, cookies.Generate([]byte{1, 2, 3, 4, 5, 6, 7, 8}, netip.MustParseAddr("192.0.2.1"), testEpoch))
+	dnscookie.Set(q, cookies.Generate([]byte{1, 2, 3, 4, 5, 6, 7, 8}, netip.MustParseAddr("192.0.2.1"), time.Now()))
 	h.ServeDNS(w, q)
 	// NXDOMAIN over TCP: not a response account's business.
 	h.ServeDNS(&fakeWriter{Remote: &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 5001}}, query("nx.example.test.", dns.TypeA, false))
@@ -166,7 +168,7 @@ func TestCollectorLimiters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl := rrl.LimitListener(inner, 1)
+	tl := tcplimit.LimitListener(inner, 1)
 	defer tl.Close()
 
 	c := NewCollector("", nil, CollectLimiter(lim), CollectTCPLimiter(tl))
@@ -280,7 +282,7 @@ func TestCollectorFilterCookies(t *testing.T) {
 	from := client.LocalAddr().(*net.UDPAddr).AddrPort().Addr()
 	send := func(c *rrl.Cookies) {
 		q := query("www.example.test.", dns.TypeA, true)
-		rrl.SetCookie(q, c.Generate([]byte("metricsc"), from, time.Now()))
+		dnscookie.Set(q, c.Generate([]byte("metricsc"), from, time.Now()))
 		b, _ := q.Pack()
 		client.Write(b)
 	}

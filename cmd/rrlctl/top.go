@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
-	"github.com/dnsrake/rrl/internal/inspect"
 )
 
 // maxHeavyCells is how many of the busiest cells top reads; -n cannot list more.
@@ -67,16 +65,9 @@ the same number it compares with the limit for that source's next packet.`,
 		}
 		defer f.Close()
 		// Every busy cell: the level summaries count all of them.
-		if inspect.HeavyCells == nil {
-			return errors.New("top needs Linux")
-		}
-		heavy, err := inspect.HeavyCells(f, maxHeavyCells)
+		cells, err := f.HeavyCells(maxHeavyCells)
 		if err != nil {
 			return err
-		}
-		cells := make([]sketchCell, len(heavy))
-		for i, c := range heavy {
-			cells[i] = sketchCell{Node: rrl.LimiterNode(c.Node), Row: c.Row, Column: c.Column, Rate: c.Rate, Limit: c.Limit}
 		}
 		limited, err := f.LimitedGroups()
 		if err != nil {
@@ -85,7 +76,7 @@ the same number it compares with the limit for that source's next packet.`,
 		if limited == nil {
 			limited = []rrl.LimitedGroup{}
 		}
-		rep := topReport{PinDir: c.pin, Limited: limited, Levels: summarize(cells), Cells: []sketchCell{}, Probes: []probeJSON{}}
+		rep := topReport{PinDir: c.pin, Limited: limited, Levels: summarize(cells), Cells: []rrl.SketchCell{}, Probes: []probeJSON{}}
 		perRow := map[[2]any]int{}
 		for _, cell := range cells {
 			k := [2]any{cell.Node, cell.Row}
@@ -95,13 +86,9 @@ the same number it compares with the limit for that source's next packet.`,
 			perRow[k]++
 		}
 		for _, src := range sources {
-			rates, err := inspect.GroupRates(f, src)
+			groups, err := f.GroupRates(src)
 			if err != nil {
 				return err
-			}
-			groups := make([]groupRate, len(rates))
-			for i, g := range rates {
-				groups[i] = groupRate{Node: rrl.LimiterNode(g.Node), Group: g.Group, Port: g.Port, Rate: g.Rate, Limit: g.Limit}
 			}
 			rep.Probes = append(rep.Probes, probeJSON{Source: src.String(), Groups: groups})
 		}
@@ -117,7 +104,7 @@ type topReport struct {
 	PinDir  string             `json:"pin_dir"`
 	Limited []rrl.LimitedGroup `json:"limited"`
 	Levels  []levelTop         `json:"levels"`
-	Cells   []sketchCell       `json:"cells"`
+	Cells   []rrl.SketchCell   `json:"cells"`
 	Probes  []probeJSON        `json:"probes"`
 }
 
@@ -132,32 +119,14 @@ type levelTop struct {
 	Busy      int   `json:"busy_cells"`
 }
 
-// sketchCell is one busy sketch cell, as top reports it.
-type sketchCell struct {
-	Node   rrl.LimiterNode `json:"node"`   // the level ("ipv4/24", "port", ...)
-	Row    int             `json:"row"`    // sketch row (every group counts once in each row)
-	Column int             `json:"column"` // column within the row
-	Rate   float64         `json:"rate"`   // packets per second of all groups hashing here
-	Limit  float64         `json:"limit"`  // the level's limit per group
-}
-
-// groupRate is the filter's estimate for one group of a probed source.
-type groupRate struct {
-	Node  rrl.LimiterNode `json:"node"`           // the level
-	Group netip.Prefix    `json:"group"`          // the source masked to the level (0.0.0.0/0 for port and total)
-	Port  uint16          `json:"port,omitempty"` // the source port, for the port level
-	Rate  float64         `json:"rate"`           // packets per second: an upper bound
-	Limit float64         `json:"limit"`          // the level's limit per group
-}
-
 type probeJSON struct {
-	Source string      `json:"source"`
-	Groups []groupRate `json:"groups"`
+	Source string          `json:"source"`
+	Groups []rrl.GroupRate `json:"groups"`
 }
 
 // summarize condenses every busy cell (heaviest first within each level, as
-// inspect.HeavyCells returns them) into one line per level.
-func summarize(cells []sketchCell) []levelTop {
+// Filter.HeavyCells returns them) into one line per level.
+func summarize(cells []rrl.SketchCell) []levelTop {
 	var out []levelTop
 	index := map[rrl.LimiterNode]int{}
 	var rowMax [][2]float64

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/internal/dnscookie"
 	"github.com/dnsrake/rrl/internal/loadgen"
 	"github.com/miekg/dns"
 )
@@ -315,7 +316,7 @@ func resolver(ctx context.Context, src netip.Addr, jar *cookieJar, server netip.
 		q.RecursionDesired = false
 		q.SetEdns0(ednsPayload, false)
 		if jar != nil {
-			rrl.SetCookie(q, jar.get())
+			dnscookie.Set(q, jar.get())
 		}
 		c.sent.Add(1)
 		wg.Add(1)
@@ -366,7 +367,7 @@ func (j *cookieJar) learn(r *dns.Msg) {
 	if j == nil {
 		return
 	}
-	if c, ok := rrl.CookieFromMsg(r); ok && len(c) == rrl.CookieLen {
+	if c, ok := dnscookie.FromMsg(r); ok && len(c) == dnscookie.Len {
 		j.mu.Lock()
 		j.cookie = c
 		j.mu.Unlock()
@@ -382,11 +383,11 @@ func learnCookie(src netip.Addr, server netip.AddrPort) (*cookieJar, error) {
 	q := new(dns.Msg)
 	q.SetQuestion("www.example.test.", dns.TypeA)
 	q.SetEdns0(ednsPayload, false)
-	rrl.SetCookie(q, jar.cookie)
+	dnscookie.Set(q, jar.cookie)
 	for range 3 {
 		if r, _, err := udp.Exchange(q, server.String()); err == nil {
 			jar.learn(r)
-			if len(jar.get()) == rrl.CookieLen {
+			if len(jar.get()) == dnscookie.Len {
 				return jar, nil
 			}
 		}

@@ -32,6 +32,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/dnsrake/rrl/tcplimit"
 	"io"
 	"net"
 	"net/http"
@@ -85,7 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.origin, "origin", "", "origin of -zone for relative names, when the file has no $ORIGIN")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at http://`address`/metrics")
 	fs.StringVar(&o.bindFile, "bind-rate-limit", "", "BIND rate-limit clause `file` applied over the flags, re-read on SIGHUP")
-	fs.IntVar(&o.tcpConns, "tcp-conns-per-client", rrl.DefaultTCPConnsPerClient, "concurrent TCP connections per IPv4 address or IPv6 /64")
+	fs.IntVar(&o.tcpConns, "tcp-conns-per-client", tcplimit.DefaultConnsPerClient, "concurrent TCP connections per IPv4 address or IPv6 /64")
 	fs.BoolFunc("kernel-filter", "attach the kernel filter to the UDP socket (default true; false: the Go request limiter only, e.g. under rrlctl attach)", func(v string) error {
 		on, err := strconv.ParseBool(v)
 		o.noFilter = !on
@@ -252,7 +253,7 @@ type server struct {
 	filter     *rrl.Filter
 	limiter    *rrl.Limiter // nil with the eBPF filter
 	handler    *rrl.Handler
-	tcp        *rrl.TCPLimiter
+	tcp        *tcplimit.Listener
 	observer   *observer // nil unless observing
 
 	udpSrv, tcpSrv *dns.Server
@@ -273,12 +274,12 @@ func startServer(c serverConfig) (*server, error) {
 		s.observer = new(observer)
 		zone = s.observer.inner(zone)
 	}
-	opts := []rrl.ProtectOption{rrl.ProtectTCPConnsPerClient(c.tcpConns)}
+	opts := []rrl.Option{rrl.WithTCPConnsPerClient(c.tcpConns)}
 	if c.noFilter {
-		opts = append(opts, rrl.ProtectWithoutFilter())
+		opts = append(opts, rrl.WithoutFilter())
 	}
 	if c.noCookies {
-		opts = append(opts, rrl.ProtectWithoutCookies())
+		opts = append(opts, rrl.WithoutCookies())
 	}
 	p, err := rrl.Protect(udp, zone, c.cfg, opts...)
 	if err != nil {

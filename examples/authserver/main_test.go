@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/internal/dnscookie"
 	"github.com/miekg/dns"
 )
 
@@ -149,14 +150,14 @@ func TestServeCookiesAndLimits(t *testing.T) {
 	s, _ := startTest(t, cfg, "")
 	q := new(dns.Msg)
 	q.SetQuestion("www.example.test.", dns.TypeA)
-	rrl.SetCookie(q, []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	dnscookie.Set(q, []byte{1, 2, 3, 4, 5, 6, 7, 8})
 	c := &dns.Client{Timeout: 5 * time.Second}
 	r, _, err := c.Exchange(q, s.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	full, ok := rrl.CookieFromMsg(r)
-	if !ok || len(full) != rrl.CookieLen || len(r.Answer) != 1 {
+	full, ok := dnscookie.FromMsg(r)
+	if !ok || len(full) != dnscookie.Len || len(r.Answer) != 1 {
 		t.Fatalf("first response: cookie %x, %v", full, r)
 	}
 	plain := new(dns.Msg)
@@ -166,7 +167,7 @@ func TestServeCookiesAndLimits(t *testing.T) {
 		t.Fatalf("second response: want a slip, got %v, %v", r, err)
 	}
 	// With the server cookie the client is no longer limited.
-	rrl.SetCookie(q, full)
+	dnscookie.Set(q, full)
 	for range 3 {
 		if r, _, err = c.Exchange(q, s.addr); err != nil || r.Truncated || len(r.Answer) != 1 {
 			t.Fatalf("with a server cookie: %v, %v", r, err)
@@ -457,12 +458,12 @@ func TestCookieSecretFlag(t *testing.T) {
 	s, _ := startTest(t, cfg, "")
 	q := new(dns.Msg)
 	q.SetQuestion("www.example.test.", dns.TypeA)
-	rrl.SetCookie(q, []byte("client01"))
+	dnscookie.Set(q, []byte("client01"))
 	r, _, err := (&dns.Client{Timeout: 5 * time.Second}).Exchange(q, s.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	full, ok := rrl.CookieFromMsg(r)
+	full, ok := dnscookie.FromMsg(r)
 	var key rrl.CookieSecret
 	hex.Decode(key[:], []byte(secret))
 	if got := rrl.NewCookies(key).Verify(full, netip.MustParseAddr("127.0.0.1"), time.Now()); !ok || got != rrl.CookieValid {

@@ -14,7 +14,7 @@ import (
 // finest first, whose limit the packet's draw exceeded, as limiterVerdict.Limited).
 // The start is reported at once, with the group's estimated rate. It stops when the
 // group's estimated rate has fallen under its limit, found by a sweep that runs at
-// most once per second of the packets' clock: run by a call of Allow, AllowAt or
+// most once per second of the packets' clock: run by a call of Allow, allowAt or
 // decideAt when it is due, and by a timer (time.AfterFunc) armed only while groups are
 // followed and events are on, so that a stop is reported at most about a second after
 // the rate fell, whether or not packets keep coming. The timer reads the packets' clock
@@ -60,7 +60,7 @@ type groupRecord struct {
 	reported bool
 	ended    bool
 	end      int64
-	rate     Fixed
+	rate     fixed
 	ev       LimitEvent
 }
 
@@ -89,7 +89,7 @@ func groupKey(node int, h uint64) uint64 {
 
 // limited notes that a packet from src was limited at node n of p, whose group has
 // sketch hash h and estimated rate rate, at time now.
-func (l *Limiter) limited(ev *groupTracker, p *limiterParams, n int, h uint64, src netip.AddrPort, now int64, rate Fixed) {
+func (l *Limiter) limited(ev *groupTracker, p *limiterParams, n int, h uint64, src netip.AddrPort, now int64, rate fixed) {
 	k := groupKey(n, h)
 	slot := &ev.cache[k%groupCacheSize]
 	if slot.Load() == k {

@@ -38,7 +38,7 @@ package rrl
 //
 // rrl_config is not part of filter_bpf.c: it is an array map created from Go with two
 // values (a small header and the Config's keyword=value lines), one for each slot of
-// the double-buffered settings (settings.go), so that every process that opens the
+// the double-buffered settings (filter_settings.go), so that every process that opens the
 // pins, and `rrlctl set`, reads the Config of the slot in force: the one the filter
 // runs with.
 
@@ -58,7 +58,6 @@ import (
 	"syscall"
 
 	"github.com/cilium/ebpf"
-	"github.com/dnsrake/rrl/internal/inspect"
 	"golang.org/x/sys/unix"
 )
 
@@ -724,39 +723,10 @@ func parseKernelRelease(rel string) (major, minor int, ok bool) {
 // level are (an upper bound on the heaviest group there), and, for a source one
 // names, the estimate the filter is applying to each of its groups.
 
-// rrlctl top reads the sketches through internal/inspect, so that the filter's
-// diagnostics stay out of the package's API.
-func init() {
-	inspect.HeavyCells = func(filter any, n int) ([]inspect.Cell, error) {
-		f, ok := filter.(*Filter)
-		if !ok {
-			return nil, fmt.Errorf("rrl: inspect %T, not a *Filter", filter)
-		}
-		cells, err := f.heavyCells(n)
-		out := make([]inspect.Cell, len(cells))
-		for i, c := range cells {
-			out[i] = inspect.Cell{Node: uint16(c.Node), Row: c.Row, Column: c.Column, Rate: c.Rate, Limit: c.Limit}
-		}
-		return out, err
-	}
-	inspect.GroupRates = func(filter any, src netip.AddrPort) ([]inspect.Group, error) {
-		f, ok := filter.(*Filter)
-		if !ok {
-			return nil, fmt.Errorf("rrl: inspect %T, not a *Filter", filter)
-		}
-		groups, err := f.groupRates(src)
-		out := make([]inspect.Group, len(groups))
-		for i, g := range groups {
-			out[i] = inspect.Group{Node: uint16(g.Node), Group: g.Group, Port: g.Port, Rate: g.Rate, Limit: g.Limit}
-		}
-		return out, err
-	}
-}
-
-// heavyCells returns, for every active level, its n heaviest cells in each sketch
+// HeavyCells returns, for every active level, its n heaviest cells in each sketch
 // row, heaviest first within each level; levels in lattice order. The heaviest group
 // of a level sends at most the smaller of its two rows' heaviest rates.
-func (f *Filter) heavyCells(n int) ([]sketchCell, error) {
+func (f *Filter) HeavyCells(n int) ([]SketchCell, error) {
 	if f == nil {
 		return nil, ErrClosed
 	}
@@ -764,27 +734,27 @@ func (f *Filter) heavyCells(n int) ([]sketchCell, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []sketchCell
+	var out []SketchCell
 	for _, st := range s.activeNodes() {
 		node := int(st.Node)
-		var level []sketchCell
+		var level []SketchCell
 		for row := 0; row < sketchDepth; row++ {
-			var r []sketchCell
+			var r []SketchCell
 			for col := 0; col < sketchWidth; col++ {
 				c := cells[(node*sketchDepth+row)*sketchWidth+col]
-				rate := cellRate(Fixed(c.Count), c.Last, now)
+				rate := cellRate(fixed(c.Count), c.Last, now)
 				if rate == 0 {
 					continue
 				}
-				r = append(r, sketchCell{Row: row, Column: col, Rate: rate.Float64()})
+				r = append(r, SketchCell{Row: row, Column: col, Rate: rate.Float64()})
 			}
-			slices.SortFunc(r, func(a, b sketchCell) int { return cmpRate(a.Rate, b.Rate) })
+			slices.SortFunc(r, func(a, b SketchCell) int { return cmpRate(a.Rate, b.Rate) })
 			level = append(level, r[:min(n, len(r))]...)
 		}
-		slices.SortStableFunc(level, func(a, b sketchCell) int { return cmpRate(a.Rate, b.Rate) })
+		slices.SortStableFunc(level, func(a, b SketchCell) int { return cmpRate(a.Rate, b.Rate) })
 		for i := range level {
 			level[i].Node = st.limiterNode()
-			level[i].Limit = Fixed(st.Limit).Float64()
+			level[i].Limit = fixed(st.Limit).Float64()
 		}
 		out = append(out, level...)
 	}
@@ -802,10 +772,10 @@ func cmpRate(a, b float64) int {
 	return 0
 }
 
-// groupRates returns the filter's current estimate for every group src belongs to
+// GroupRates returns the filter's current estimate for every group src belongs to
 // at the active levels of its family, then the port and total levels: the same
 // numbers the filter compares with the limits for src's next packet.
-func (f *Filter) groupRates(src netip.AddrPort) ([]groupRate, error) {
+func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) {
 	if f == nil {
 		return nil, ErrClosed
 	}
@@ -832,20 +802,20 @@ func (f *Filter) groupRates(src netip.AddrPort) ([]groupRate, error) {
 		}
 		return rate
 	}
-	var out []groupRate
+	var out []GroupRate
 	any4 := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
 	for _, st := range s.steps(fam) {
-		limit := Fixed(st.Limit).Float64()
+		limit := fixed(st.Limit).Float64()
 		switch node := int(st.Node); node {
 		case nodePort:
 			if src.Port() != 0 {
-				out = append(out, groupRate{Node: NodePort, Group: any4, Port: src.Port(),
+				out = append(out, GroupRate{Node: NodePort, Group: any4, Port: src.Port(),
 					Rate: estimate(&st, src.Port()), Limit: limit})
 			}
 		case nodeTotal:
-			out = append(out, groupRate{Node: NodeTotal, Group: any4, Rate: estimate(&st, 0), Limit: limit})
+			out = append(out, GroupRate{Node: NodeTotal, Group: any4, Rate: estimate(&st, 0), Limit: limit})
 		default:
-			out = append(out, groupRate{Node: st.limiterNode(),
+			out = append(out, GroupRate{Node: st.limiterNode(),
 				Group: netip.PrefixFrom(addr, int(st.prefix())).Masked(),
 				Rate:  estimate(&st, 0), Limit: limit})
 		}

@@ -1,4 +1,4 @@
-package rrl
+package tcplimit
 
 import (
 	"errors"
@@ -40,7 +40,7 @@ var (
 	expectRefused  = testutil.ExpectRefused
 )
 
-func checkStats(t *testing.T, l *TCPLimiter, want TCPLimiterStats) {
+func checkStats(t *testing.T, l *Listener, want Stats) {
 	t.Helper()
 	if got := l.Stats(); got != want {
 		t.Errorf("stats %+v, want %+v", got, want)
@@ -59,29 +59,29 @@ func TestTCPLimiterIPv4(t *testing.T) {
 
 	sa1 := expectAccepted(t, ch, dialFrom(t, "tcp4", a, l.Addr()))
 	expectAccepted(t, ch, dialFrom(t, "tcp4", a, l.Addr()))
-	checkStats(t, l, TCPLimiterStats{Accepted: 2, Open: 2, Clients: 1})
+	checkStats(t, l, Stats{Accepted: 2, Open: 2, Clients: 1})
 
 	expectRefused(t, ch, "tcp4", a, l.Addr())
 	expectRefused(t, ch, "tcp4", a, l.Addr())
-	checkStats(t, l, TCPLimiterStats{Accepted: 2, Refused: 2, Open: 2, Clients: 1})
+	checkStats(t, l, Stats{Accepted: 2, Refused: 2, Open: 2, Clients: 1})
 
 	// Another address has its own allowance.
 	sb := expectAccepted(t, ch, dialFrom(t, "tcp4", b, l.Addr()))
-	checkStats(t, l, TCPLimiterStats{Accepted: 3, Refused: 2, Open: 3, Clients: 2})
+	checkStats(t, l, Stats{Accepted: 3, Refused: 2, Open: 3, Clients: 2})
 
 	// Closing twice releases one slot.
 	if err := sa1.Close(); err != nil {
 		t.Fatal(err)
 	}
 	sa1.Close()
-	checkStats(t, l, TCPLimiterStats{Accepted: 3, Refused: 2, Open: 2, Clients: 2})
+	checkStats(t, l, Stats{Accepted: 3, Refused: 2, Open: 2, Clients: 2})
 	sa3 := expectAccepted(t, ch, dialFrom(t, "tcp4", a, l.Addr()))
 	expectRefused(t, ch, "tcp4", a, l.Addr())
-	checkStats(t, l, TCPLimiterStats{Accepted: 4, Refused: 3, Open: 3, Clients: 2})
+	checkStats(t, l, Stats{Accepted: 4, Refused: 3, Open: 3, Clients: 2})
 
 	// The table forgets a client whose last connection closed.
 	sb.Close()
-	checkStats(t, l, TCPLimiterStats{Accepted: 4, Refused: 3, Open: 2, Clients: 1})
+	checkStats(t, l, Stats{Accepted: 4, Refused: 3, Open: 2, Clients: 1})
 
 	// The wrapped connection still offers the original.
 	if _, ok := sa3.(interface{ NetConn() net.Conn }).NetConn().(*net.TCPConn); !ok {
@@ -111,17 +111,17 @@ func TestTCPLimiterIPv6(t *testing.T) {
 
 	s := expectAccepted(t, ch, dialFrom(t, "tcp6", nil, l.Addr()))
 	expectRefused(t, ch, "tcp6", nil, l.Addr())
-	checkStats(t, l, TCPLimiterStats{Accepted: 1, Refused: 1, Open: 1, Clients: 1})
+	checkStats(t, l, Stats{Accepted: 1, Refused: 1, Open: 1, Clients: 1})
 	s.Close()
 	s = expectAccepted(t, ch, dialFrom(t, "tcp6", nil, l.Addr()))
 	s.Close()
-	checkStats(t, l, TCPLimiterStats{Accepted: 2, Refused: 1, Clients: 0})
+	checkStats(t, l, Stats{Accepted: 2, Refused: 1, Clients: 0})
 }
 
 func TestTCPLimiterDefault(t *testing.T) {
 	for _, n := range []int{0, -1} {
-		if got := LimitListener(nil, n).limit; got != DefaultTCPConnsPerClient {
-			t.Errorf("LimitListener(l, %d) limit %d, want %d", n, got, DefaultTCPConnsPerClient)
+		if got := LimitListener(nil, n).limit; got != DefaultConnsPerClient {
+			t.Errorf("LimitListener(l, %d) limit %d, want %d", n, got, DefaultConnsPerClient)
 		}
 	}
 }
@@ -148,7 +148,7 @@ func TestTCPLimiterNotTCP(t *testing.T) {
 			t.Fatal("unix connection not accepted")
 		}
 	}
-	checkStats(t, l, TCPLimiterStats{Accepted: 3})
+	checkStats(t, l, Stats{Accepted: 3})
 }
 
 // TestTCPLimiterConcurrent dials from several addresses at once and checks, on the
@@ -323,4 +323,13 @@ func TestTCPLimiterDNSServer(t *testing.T) {
 	if st := l.Stats(); st.Accepted != 2 || st.Refused != 1 {
 		t.Errorf("stats %+v, want 2 accepted and 1 refused", st)
 	}
+}
+
+func listenTCP(t testing.TB) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

@@ -26,16 +26,16 @@ const (
 	MalformedOther                                // any other record that does not unpack: FORMERR
 	MalformedOPTCount                             // more than one OPT record: FORMERR
 	MalformedEDNSVersion                          // an EDNS version above 0: BADVERS
-	MalformedLast                                 // number of reasons
+	malformedLast                                 // number of reasons
 )
 
-var malformedNames = [MalformedLast]string{"short", "response", "opcode", "question-count",
+var malformedNames = [malformedLast]string{"short", "response", "opcode", "question-count",
 	"section-count", "truncated", "name", "other", "opt-count", "edns-version"}
 
 // String returns the reason's name as the metrics label it: "short", "opcode",
 // "question-count", "name", "edns-version", ...
 func (r MalformedReason) String() string {
-	if r < MalformedLast {
+	if r < malformedLast {
 		return malformedNames[r]
 	}
 	return fmt.Sprintf("MalformedReason(%d)", uint8(r))

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package rrl
+package tcplimit
 
 // openFileLimit reports that the limit on open files is unknown.
 func openFileLimit() (uint64, bool) { return 0, false }

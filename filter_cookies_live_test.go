@@ -49,7 +49,7 @@ func (p *cookieProbe) send(cookie []byte) (kernelVerdict, bool) {
 	p.t.Helper()
 	m := query("www.example.test.", dns.TypeA, true)
 	if cookie != nil {
-		SetCookie(m, cookie)
+		setCookie(m, cookie)
 	}
 	b, err := m.Pack()
 	if err != nil {
@@ -431,17 +431,17 @@ func TestProtectResolverLearnsCookie(t *testing.T) {
 	ask := func() bool {
 		q := new(dns.Msg)
 		q.SetQuestion("www.example.test.", dns.TypeA)
-		SetCookie(q, cookie)
+		setCookie(q, cookie)
 		r, _, err := udp.Exchange(q, addr.String())
 		if err != nil || len(r.Answer) != 1 {
 			return false
 		}
-		if c, ok := CookieFromMsg(r); ok && len(c) == CookieLen {
+		if c, ok := cookieFromMsg(r); ok && len(c) == cookieLen {
 			cookie = c
 		}
 		return true
 	}
-	if !ask() || len(cookie) != CookieLen {
+	if !ask() || len(cookie) != cookieLen {
 		t.Fatalf("first answer: no server cookie learned (%x)", cookie)
 	}
 

@@ -2,7 +2,7 @@
 
 package rrl
 
-// cmCell is one sketch cell: a Fixed count and the time of its last update in
+// cmCell is one sketch cell: a fixed count and the time of its last update in
 // nanoseconds.
 //
 // The cells are read and written by concurrent packets without synchronisation, on
@@ -12,15 +12,15 @@ package rrl
 // never torn or invented by the compiler. Atomic stores would give nothing more but
 // cost a locked instruction each: 16 per IPv4 packet, about 145 ns on the reference
 // machine, as much as the whole rest of the limiter. Under the race detector
-// (cell_atomic.go) the words are sync/atomic values instead, with the same results.
+// (countmin_cell_atomic.go) the words are sync/atomic values instead, with the same results.
 type cmCell struct {
-	count Fixed
+	count fixed
 	last  uint64
 }
 
-func (c *cmCell) load() (Fixed, uint64) { return c.count, c.last }
+func (c *cmCell) load() (fixed, uint64) { return c.count, c.last }
 
-func (c *cmCell) store(count Fixed, last uint64) {
+func (c *cmCell) store(count fixed, last uint64) {
 	c.count = count
 	c.last = last
 }
@@ -31,7 +31,7 @@ func (c *cmCell) store(count Fixed, last uint64) {
 // victim, and the statistics counters, read by GetStats. A racing reader sees the
 // old or the new value, as for cmCell. Plain words keep the locked instructions of
 // atomic stores (20 to 30 cycles each, six per Debit) off the hot path; under the
-// race detector (cell_atomic.go) they are sync/atomic values.
+// race detector (countmin_cell_atomic.go) they are sync/atomic values.
 type ownedWord struct{ v uint64 }
 
 func (w *ownedWord) load() uint64   { return w.v }

@@ -1331,15 +1331,15 @@ func TestPinnedSketchReadBack(t *testing.T) {
 	halt := sync.OnceFunc(func() { close(stop) })
 	defer halt()
 	time.Sleep(1500 * time.Millisecond)
-	groups, err := f.groupRates(netip.MustParseAddrPort("127.6.6.1:40000"))
+	groups, err := f.GroupRates(netip.MustParseAddrPort("127.6.6.1:40000"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := f.groupRates(netip.MustParseAddrPort("127.99.1.1:40000"))
+	other, err := f.GroupRates(netip.MustParseAddrPort("127.99.1.1:40000"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cells, err := f.heavyCells(2)
+	cells, err := f.HeavyCells(2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1371,7 +1371,7 @@ func TestPinnedSketchReadBack(t *testing.T) {
 			t.Errorf("uninvolved %s group %s estimated at %.0f pps", g.Node, g.Group, g.Rate)
 		}
 	}
-	var top24 []sketchCell
+	var top24 []SketchCell
 	for _, c := range cells {
 		if c.Node.String() == "ipv4/24" {
 			top24 = append(top24, c)
@@ -1426,18 +1426,18 @@ func BenchmarkPinned(b *testing.B) {
 			}
 		}
 	})
-	b.Run("groupRates", func(b *testing.B) {
+	b.Run("GroupRates", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := f.groupRates(src); err != nil {
+			if _, err := f.GroupRates(src); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
-	b.Run("heavyCells", func(b *testing.B) {
+	b.Run("HeavyCells", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := f.heavyCells(20); err != nil {
+			if _, err := f.HeavyCells(20); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -532,11 +532,11 @@ func TestLimiterNodeText(t *testing.T) {
 		if c.bad {
 			continue
 		}
-		b, err := json.Marshal(groupRate{Node: c.node})
+		b, err := json.Marshal(GroupRate{Node: c.node})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var back groupRate
+		var back GroupRate
 		if err := json.Unmarshal(b, &back); err != nil || back.Node != c.node || !strings.Contains(string(b), `"node":"`+c.text+`"`) {
 			t.Errorf("%s: JSON %s read back as %v, %v", c.node, b, back.Node, err)
 		}

@@ -73,7 +73,7 @@ func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) 
 		return nil, err
 	}
 	// The step in force for each limited counter: its node's cells give the
-	// group's current rate, as groupRates reads them.
+	// group's current rate, as GroupRates reads them.
 	steps := map[uint32]filterStep{}
 	for _, st := range s.activeNodes() {
 		steps[st.Limited] = st
@@ -94,8 +94,8 @@ func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) 
 			Node:    node,
 			Group:   limitedPrefix(node, r.k.Hi, r.k.Lo),
 			Dropped: r.v.Drops * limitedSample,
-			Rate:    cellRate(Fixed(r.v.Count), r.v.Last, now).Float64(),
-			Limit:   Fixed(r.v.Limit).Float64(),
+			Rate:    cellRate(fixed(r.v.Count), r.v.Last, now).Float64(),
+			Limit:   fixed(r.v.Limit).Float64(),
 			First:   at(r.v.First),
 			Last:    at(r.v.Last),
 		}
@@ -107,7 +107,7 @@ func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) 
 			if err != nil {
 				return nil, err
 			}
-			g.Rate, g.Limit = rate, Fixed(st.Limit).Float64()
+			g.Rate, g.Limit = rate, fixed(st.Limit).Float64()
 		}
 		out = append(out, g)
 	}
@@ -127,14 +127,14 @@ func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) 
 // the program keys it: the smaller of its cells, decayed to now.
 func (f *Filter) groupRate(seed uint64, st *filterStep, hi, lo, now uint64) (float64, error) {
 	h := sketchHash(seed, hi, lo)
-	m := ^Fixed(0)
+	m := ^fixed(0)
 	for row := 0; row < sketchDepth; row++ {
 		var c filterCell
 		idx := uint32((int(st.Node)*sketchDepth+row)*sketchWidth) + sketchIndex(h, row)
 		if err := f.objs.Cells.Lookup(idx, &c); err != nil {
 			return 0, fmt.Errorf("rrl: read sketch cell %d: %w", idx, err)
 		}
-		m = min(m, cellRate(Fixed(c.Count), c.Last, now))
+		m = min(m, cellRate(fixed(c.Count), c.Last, now))
 	}
 	return m.Float64(), nil
 }

@@ -23,7 +23,7 @@ type Stats struct {
 	Evictions   int64 // accounts evicted to make room for new ones
 }
 
-// counters is one stripe's part of Stats (see stripes.go), written only by the
+// counters is one stripe's part of Stats (see rrl_stripes.go), written only by the
 // goroutine pinned to the stripe's P and read by GetStats at any time.
 type counters struct {
 	rps        [AllowanceLast]ownedWord

@@ -1,4 +1,6 @@
-package rrl
+// Package tcplimit limits the TCP connections a DNS server accepts, per client
+// network and in all, as a net.Listener wrapper (like x/net/netutil's LimitListener).
+package tcplimit
 
 import (
 	"crypto/tls"
@@ -11,11 +13,11 @@ import (
 	"time"
 )
 
-// DefaultTCPConnsPerClient is the per-client connection limit LimitListener uses when
+// DefaultConnsPerClient is the per-client connection limit LimitListener uses when
 // given a limit of zero or less.
-const DefaultTCPConnsPerClient = 16
+const DefaultConnsPerClient = 16
 
-// TCPLimiter is a net.Listener for DNS over TCP that holds each client to a number of
+// Listener is a net.Listener for DNS over TCP that holds each client to a number of
 // concurrent connections, per IPv4 address and per IPv6 /64 (the smallest network a
 // single IPv6 host is commonly given, so a host cannot escape the limit by cycling
 // through its addresses), and all clients together to a total. IPv4-mapped IPv6
@@ -45,8 +47,8 @@ const DefaultTCPConnsPerClient = 16
 // inside the limiter) so does the wrapper, so that miekg/dns and handlers see the
 // TLS state. Connections whose remote address is not a TCP address pass unlimited
 // and unwrapped (and are counted as accepted). Stats returns the counters.
-// TCPLimiter is safe for concurrent use.
-type TCPLimiter struct {
+// Listener is safe for concurrent use.
+type Listener struct {
 	net.Listener
 	limit int32
 	total int64
@@ -65,8 +67,8 @@ type TCPLimiter struct {
 	current      atomic.Int64
 }
 
-// TCPLimiterStats are a TCPLimiter's counters.
-type TCPLimiterStats struct {
+// Stats are a Listener's counters.
+type Stats struct {
 	Accepted uint64 // connections returned by Accept
 	Refused  uint64 // connections reset at once because their client was at its limit
 	Open     int64  // connections returned by Accept and not yet closed
@@ -80,36 +82,36 @@ type TCPLimiterStats struct {
 	AcceptErrors [2]uint64
 }
 
-// acceptErrorKinds is the length of TCPLimiterStats.AcceptErrors.
+// acceptErrorKinds is the length of Stats.AcceptErrors.
 const acceptErrorKinds = 2
 
 // LimitListener returns l limited to perClient concurrent connections per IPv4
-// address and per IPv6 /64 (perClient <= 0 means DefaultTCPConnsPerClient) and to
-// DefaultTCPConns in all. Give the result to the server in place of l, e.g. as a
+// address and per IPv6 /64 (perClient <= 0 means DefaultConnsPerClient) and to
+// DefaultConns in all. Give the result to the server in place of l, e.g. as a
 // miekg/dns Server's Listener.
-func LimitListener(l net.Listener, perClient int) *TCPLimiter {
+func LimitListener(l net.Listener, perClient int) *Listener {
 	return LimitListenerTotal(l, perClient, 0)
 }
 
 // LimitListenerTotal is LimitListener with a total limit of its own: at most total
-// connections open at once (total <= 0 means DefaultTCPConns).
-func LimitListenerTotal(l net.Listener, perClient, total int) *TCPLimiter {
+// connections open at once (total <= 0 means DefaultConns).
+func LimitListenerTotal(l net.Listener, perClient, total int) *Listener {
 	if perClient <= 0 {
-		perClient = DefaultTCPConnsPerClient
+		perClient = DefaultConnsPerClient
 	}
 	perClient = min(perClient, 1<<30)
 	if total <= 0 {
-		total = DefaultTCPConns()
+		total = DefaultConns()
 	}
-	return &TCPLimiter{Listener: l, limit: int32(perClient), total: int64(total),
+	return &Listener{Listener: l, limit: int32(perClient), total: int64(total),
 		open: make(map[netip.Prefix]int32), closed: make(chan struct{})}
 }
 
-// DefaultTCPConns returns the total connection limit LimitListener uses: half the
+// DefaultConns returns the total connection limit LimitListener uses: half the
 // process's soft limit on open files (RLIMIT_NOFILE, as Knot DNS does), which
 // leaves the other half for UDP sockets, files and the rest of the process; at
 // least 1 and at most 1<<20. Where the limit cannot be read it is 512.
-func DefaultTCPConns() int {
+func DefaultConns() int {
 	n, ok := openFileLimit()
 	if !ok {
 		return 512
@@ -118,10 +120,10 @@ func DefaultTCPConns() int {
 }
 
 // MaxConns returns the total connection limit.
-func (t *TCPLimiter) MaxConns() int { return int(t.total) }
+func (t *Listener) MaxConns() int { return int(t.total) }
 
 // Close closes the wrapped listener and ends a pause of Accept.
-func (t *TCPLimiter) Close() error {
+func (t *Listener) Close() error {
 	t.closeOnce.Do(func() { close(t.closed) })
 	return t.Listener.Close()
 }
@@ -129,8 +131,8 @@ func (t *TCPLimiter) Close() error {
 // Accept waits for and returns the next connection whose client is under its limit.
 // Connections over the limit are closed and counted without returning. Errors of
 // the wrapped listener are returned as they are, except those for want of
-// resources, which are waited out (see TCPLimiter).
-func (t *TCPLimiter) Accept() (net.Conn, error) {
+// resources, which are waited out (see Listener).
+func (t *Listener) Accept() (net.Conn, error) {
 	var pause time.Duration
 	for {
 		c, err := t.Listener.Accept()
@@ -189,7 +191,7 @@ func acceptErrorKind(err error) (int, bool) {
 
 // take claims a slot for c, reporting false when its client is at its limit. At the
 // total limit it evicts a connection, returned for the caller to reset.
-func (t *TCPLimiter) take(c *limitedConn) (victim *limitedConn, ok bool) {
+func (t *Listener) take(c *limitedConn) (victim *limitedConn, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := t.open[c.key]
@@ -217,7 +219,7 @@ const evictScan = 64
 
 // evictLocked releases the slot of the oldest connection of the client with the
 // most open connections among the evictScan oldest, and returns it (or nil).
-func (t *TCPLimiter) evictLocked() *limitedConn {
+func (t *Listener) evictLocked() *limitedConn {
 	var victim *limitedConn
 	most := int32(0)
 	i := 0
@@ -235,7 +237,7 @@ func (t *TCPLimiter) evictLocked() *limitedConn {
 }
 
 // evict evicts a connection and resets it.
-func (t *TCPLimiter) evict() {
+func (t *Listener) evict() {
 	t.mu.Lock()
 	victim := t.evictLocked()
 	t.mu.Unlock()
@@ -246,7 +248,7 @@ func (t *TCPLimiter) evict() {
 
 // releaseLocked returns the slot of c, removing its client's entry when it was the
 // last.
-func (t *TCPLimiter) releaseLocked(c *limitedConn) {
+func (t *Listener) releaseLocked(c *limitedConn) {
 	if n := t.open[c.key]; n > 1 {
 		t.open[c.key] = n - 1
 	} else {
@@ -267,11 +269,11 @@ func (t *TCPLimiter) releaseLocked(c *limitedConn) {
 }
 
 // Stats returns the limiter's counters.
-func (t *TCPLimiter) Stats() TCPLimiterStats {
+func (t *Listener) Stats() Stats {
 	t.mu.Lock()
 	clients := len(t.open)
 	t.mu.Unlock()
-	s := TCPLimiterStats{
+	s := Stats{
 		Accepted: t.accepted.Load(),
 		Refused:  t.refused.Load(),
 		Open:     t.current.Load(),
@@ -312,7 +314,7 @@ func resetConn(c net.Conn) {
 // limitedConn releases its client's slot when closed.
 type limitedConn struct {
 	net.Conn
-	t          *TCPLimiter
+	t          *Listener
 	key        netip.Prefix
 	released   atomic.Bool
 	prev, next *limitedConn // in t's list while not released; guarded by t.mu

@@ -7,7 +7,7 @@ import (
 )
 
 // The kernel filter's limiting events. The program only records the groups it
-// refuses (limited.go); WatchLimited turns what it finds there, look after look, into
+// refuses (filter_limited.go); WatchLimited turns what it finds there, look after look, into
 // the same LimitEvents an RRL and a Limiter report, so that one log shows who is
 // limited wherever the limiting happens.
 //

@@ -42,7 +42,7 @@ func TestShardModel(t *testing.T) {
 		if limit%2 == 0 { // preallocated, as New does for small tables
 			s.setSlots(make([]entry, s.maxSlots))
 		}
-		model := map[uint64]Fixed{} // key -> zero time
+		model := map[uint64]fixed{} // key -> zero time
 		rng := rand.New(rand.NewPCG(uint64(limit), 1))
 		keys := make([]uint64, 3*limit+5)
 		for i := range keys {
@@ -57,11 +57,11 @@ func TestShardModel(t *testing.T) {
 			if tag&keyMask != key || tag&lockBit == 0 || e.tag.Load() != tag {
 				t.Fatalf("acquire returned another key's entry, or not locked: %x for %x", tag, key)
 			}
-			if z := Fixed(e.zero.load()); !fresh && z != model[key] {
+			if z := fixed(e.zero.load()); !fresh && z != model[key] {
 				t.Fatalf("entry lost its state: %v, want %v", z, model[key])
 			}
-			e.release(tag, Fixed(step+1))
-			model[key] = Fixed(step + 1)
+			e.release(tag, fixed(step+1))
+			model[key] = fixed(step + 1)
 			if len(model) > s.live { // the shard evicted one: find which
 				for k := range model {
 					if f, _ := findKey(&s, k); !f {
@@ -97,7 +97,7 @@ func findKey(s *shard, key uint64) (bool, *entry) {
 
 // setZero acquires key's account (creating it if need be) and releases it with
 // zero time z.
-func setZero(s *shard, key uint64, z Fixed) {
+func setZero(s *shard, key uint64, z fixed) {
 	e, tag, _ := s.acquire(key)
 	e.release(tag, z)
 }
@@ -116,7 +116,7 @@ func TestEvictLosesLeast(t *testing.T) {
 		var keys []uint64
 		for range 5 {
 			k := accountKey(rng.Uint64(), 0)
-			setZero(&s, k, Fixed(1000+rng.IntN(1000)))
+			setZero(&s, k, fixed(1000+rng.IntN(1000)))
 			keys = append(keys, k)
 		}
 		oldest := keys[rng.IntN(5)]
@@ -137,13 +137,13 @@ func TestEvictLosesLeast(t *testing.T) {
 }
 
 func TestCharge(t *testing.T) {
-	// charge on its own, in Fixed seconds (times include clockOffset).
-	half, window := FixedOne/2, FixedFromInt(2)
+	// charge on its own, in fixed seconds (times include clockOffset).
+	half, window := fixedOne/2, fixedFromInt(2)
 	now := clockOffset
 	var tag uint64
-	var zero Fixed
+	var zero fixed
 	steps := []struct {
-		dt      Fixed // time advance before the debit
+		dt      fixed // time advance before the debit
 		fresh   bool
 		limited bool
 		balance float64 // after the debit
@@ -155,8 +155,8 @@ func TestCharge(t *testing.T) {
 		{0, false, true, -1.5},
 		{0, false, true, -2},
 		{0, false, true, -2}, // clamped at -window
-		{FixedFromInt(3), false, false, 0.5},
-		{FixedFromInt(100), false, false, 0.5}, // clamped at 1 before the debit
+		{fixedFromInt(3), false, false, 0.5},
+		{fixedFromInt(100), false, false, 0.5}, // clamped at 1 before the debit
 	}
 	for i, st := range steps {
 		now += st.dt
@@ -215,7 +215,7 @@ func TestShardConcurrentGrowth(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(w), 9))
 			for range rounds {
 				e, tag, _ := s.acquire(key(rng.IntN(keys)))
-				e.release(tag, Fixed(e.zero.load()+1))
+				e.release(tag, fixed(e.zero.load()+1))
 			}
 		})
 	}
@@ -259,7 +259,7 @@ func TestShardConcurrentEvictions(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(w), 11))
 				for step := range 5000 {
 					e, tag, _ := s.acquire(accountKey(uint64(rng.IntN(200)), 3))
-					e.release(tag, Fixed(step))
+					e.release(tag, fixed(step))
 				}
 			})
 		}

@@ -1,15 +1,8 @@
-package rrl
+package tcplimit
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -21,63 +14,6 @@ import (
 
 	"github.com/miekg/dns"
 )
-
-// selfSigned returns a server certificate for name and a pool that trusts it.
-func selfSigned(t *testing.T, name string) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
-}
-
-func TestTCPLimiterTLSState(t *testing.T) {
-	// DNS over TLS with the TLS listener inside the limiter: miekg/dns, and the
-	// handler through the rrl Handler, still see the connection's TLS state.
-	cert, pool := selfSigned(t, "dns.example.test")
-	l := LimitListener(tls.NewListener(listenTCP(t), &tls.Config{Certificates: []tls.Certificate{cert}}), 2)
-	inner := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(req)
-		state := "none"
-		if cs, ok := w.(dns.ConnectionStater); ok {
-			if s := cs.ConnectionState(); s != nil && s.HandshakeComplete {
-				state = tls.VersionName(s.Version)
-			}
-		}
-		m.Answer = append(m.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: req.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET}, Txt: []string{state}})
-		w.WriteMsg(m)
-	})
-	serve(t, &dns.Server{Listener: l, Net: "tcp-tls", Handler: NewHandler(inner, NewRRL(NewConfig()))})
-	c := &dns.Client{Net: "tcp-tls", Timeout: answerWait,
-		TLSConfig: &tls.Config{RootCAs: pool, ServerName: "dns.example.test", MinVersion: tls.VersionTLS13}}
-	resp, _, err := c.Exchange(query("www.example.test.", dns.TypeTXT, false), l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(resp.Answer) != 1 || resp.Answer[0].(*dns.TXT).Txt[0] != "TLS 1.3" {
-		t.Errorf("the handler saw TLS state %v, want TLS 1.3", resp.Answer)
-	}
-	if st := l.Stats(); st.Accepted != 1 {
-		t.Errorf("stats %+v", st)
-	}
-}
 
 func TestTCPLimiterTotal(t *testing.T) {
 	// At the total limit a new client is served, and the oldest connection of the
@@ -97,19 +33,19 @@ func TestTCPLimiterTotal(t *testing.T) {
 	expectAccepted(t, ch, ca1)
 	expectAccepted(t, ch, dialFrom(t, "tcp4", b, l.Addr()))
 	expectAccepted(t, ch, dialFrom(t, "tcp4", a, l.Addr()))
-	checkStats(t, l, TCPLimiterStats{Accepted: 3, Open: 3, Clients: 2})
+	checkStats(t, l, Stats{Accepted: 3, Open: 3, Clients: 2})
 	expectAccepted(t, ch, dialFrom(t, "tcp4", c, l.Addr()))
-	checkStats(t, l, TCPLimiterStats{Accepted: 4, Open: 3, Clients: 3, Evicted: 1})
+	checkStats(t, l, Stats{Accepted: 4, Open: 3, Clients: 3, Evicted: 1})
 	// The evicted one is a's first connection: the client reads a reset.
 	ca1.SetReadDeadline(time.Now().Add(answerWait))
 	if _, err := ca1.Read(make([]byte, 1)); err == nil || isTimeout(err) {
 		t.Errorf("a's oldest connection was not reset: %v", err)
 	}
-	if DefaultTCPConns() < 1 {
-		t.Errorf("DefaultTCPConns() = %d", DefaultTCPConns())
+	if DefaultConns() < 1 {
+		t.Errorf("DefaultConns() = %d", DefaultConns())
 	}
-	if got := LimitListener(inner, 1).MaxConns(); got != DefaultTCPConns() {
-		t.Errorf("LimitListener's total is %d, DefaultTCPConns %d", got, DefaultTCPConns())
+	if got := LimitListener(inner, 1).MaxConns(); got != DefaultConns() {
+		t.Errorf("LimitListener's total is %d, DefaultConns %d", got, DefaultConns())
 	}
 }
 
@@ -210,7 +146,7 @@ func TestTCPLimiterDescriptors(t *testing.T) {
 
 	c := &dns.Client{Net: "tcp", Timeout: time.Second,
 		Dialer: &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 4, 1)}}}
-	if _, _, err := c.Exchange(query("www.example.test.", dns.TypeA, false), addr); err != nil {
+	if _, _, err := c.Exchange(query("www.example.test.", dns.TypeA), addr); err != nil {
 		t.Errorf("a new client got no TCP answer within a second: %v", err)
 	}
 	t.Logf("server stats: %s", ask("stats"))
@@ -233,7 +169,7 @@ func descriptorsChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := LimitListener(listenTCP(t), 0)
-	serve(t, &dns.Server{Listener: l, Handler: NewHandler(new(handlerZone), NewRRL(NewConfig())),
+	serve(t, &dns.Server{Listener: l, Handler: answerA,
 		ReadTimeout: time.Minute, IdleTimeout: func() time.Duration { return time.Minute }})
 	fmt.Printf("CHILD ready %s\n", l.Addr())
 	sc := bufio.NewScanner(os.Stdin)

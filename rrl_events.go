@@ -14,7 +14,7 @@ import (
 // The account table keeps 16 bytes per account and no names, so an account that
 // starts being limited gets a record here, holding what the events name (client
 // network, category, name, type) and a count of its debits, and the record's index is
-// kept in the account's tag (table.go). Debits of accounts that are not limited, and
+// kept in the account's tag (rrl_table.go). Debits of accounts that are not limited, and
 // limited debits of accounts already followed, take no lock here: the first only test
 // the tag's record bits, the second also add one to the record's counter. Only the
 // transitions take the tracker's mutex.
@@ -59,7 +59,7 @@ func (t transition) ended() uint64 { return uint64(t >> 16) }
 
 // eventTracker follows an RRL's limiting episodes.
 type eventTracker struct {
-	next atomic.Uint64 // Fixed time of the next sweep
+	next atomic.Uint64 // fixed time of the next sweep
 
 	mu     sync.Mutex
 	fn     func(LimitEvent)
@@ -82,8 +82,8 @@ type trackRecord struct {
 	key          uint64
 	state        *rrlState
 	shard        *shard
-	cost         Fixed
-	start, end   Fixed
+	cost         fixed
+	start, end   fixed
 	ev           LimitEvent
 }
 
@@ -108,7 +108,7 @@ func newEventTracker(cfg *Config, timed bool) *eventTracker {
 // had a record (old, the tag bits before the debit) or the debit limited it. It counts
 // the debit, notes that the account recovered (charge cleared the record bits) and
 // starts an episode for a limited account without one, setting its record in tag.
-func (ev *eventTracker) follow(tag *uint64, old uint64, limited bool, now Fixed) transition {
+func (ev *eventTracker) follow(tag *uint64, old uint64, limited bool, now fixed) transition {
 	if ev == nil { // events were turned off by Update
 		*tag &^= trackBits
 		return 0
@@ -145,7 +145,7 @@ func (ev *eventTracker) follow(tag *uint64, old uint64, limited bool, now Fixed)
 }
 
 // transition records what the debit of account key (in shard s of state p) changed.
-func (r *RRL) transition(p *rrlState, s *shard, key uint64, t transition, now Fixed, cn clientNet, kind int, tuple *ResponseTuple, cost Fixed) {
+func (r *RRL) transition(p *rrlState, s *shard, key uint64, t transition, now fixed, cn clientNet, kind int, tuple *ResponseTuple, cost fixed) {
 	ev := p.events
 	if ev == nil {
 		return
@@ -184,7 +184,7 @@ func (r *RRL) transition(p *rrlState, s *shard, key uint64, t transition, now Fi
 }
 
 // endLocked ends record i's episode at now.
-func (ev *eventTracker) endLocked(i uint64, now Fixed, evicted bool) {
+func (ev *eventTracker) endLocked(i uint64, now fixed, evicted bool) {
 	rec := &ev.recs[i]
 	if rec.used && !rec.ended {
 		rec.ended, rec.end, rec.evicted = true, now, evicted
@@ -194,8 +194,8 @@ func (ev *eventTracker) endLocked(i uint64, now Fixed, evicted bool) {
 // sweep reports the events that are due at now and, when the once-a-second sweep is
 // due too, first looks up every followed account to find those that recovered or left
 // the table. Event functions are called after the tracker's mutex is released.
-func (r *RRL) sweep(ev *eventTracker, now Fixed) {
-	if next := ev.next.Load(); uint64(now) >= next && ev.next.CompareAndSwap(next, uint64(now+FixedOne)) {
+func (r *RRL) sweep(ev *eventTracker, now fixed) {
+	if next := ev.next.Load(); uint64(now) >= next && ev.next.CompareAndSwap(next, uint64(now+fixedOne)) {
 		r.checkAccounts(ev, now)
 	}
 	ev.mu.Lock()
@@ -211,11 +211,11 @@ func (r *RRL) sweep(ev *eventTracker, now Fixed) {
 // armLocked arms ev's timer, unless it is armed already or events are off, when an
 // episode is open: for the earliest of the next sweep, the next start due and, when
 // events wait for the per-second bound, the next second. ev.mu is held.
-func (r *RRL) armLocked(ev *eventTracker, now Fixed) {
+func (r *RRL) armLocked(ev *eventTracker, now fixed) {
 	if ev.ticks.armed || ev.ticks.off || ev.ticks.after == nil {
 		return
 	}
-	due, open := Fixed(ev.next.Load()), false
+	due, open := fixed(ev.next.Load()), false
 	for i := range ev.recs {
 		rec := &ev.recs[i]
 		if !rec.used {
@@ -226,9 +226,9 @@ func (r *RRL) armLocked(ev *eventTracker, now Fixed) {
 		case rec.ended:
 			// Waiting for the budget: the next second of the clock.
 			sec := (fixedNanos(now-clockOffset)/int64(time.Second) + 1) * int64(time.Second)
-			due = min(due, FixedFromNanos(sec)+clockOffset)
+			due = min(due, fixedFromNanos(sec)+clockOffset)
 		case rec.filled && !rec.reported && !rec.suppressed:
-			due = min(due, rec.start+FixedOne)
+			due = min(due, rec.start+fixedOne)
 		}
 	}
 	if !open {
@@ -266,13 +266,13 @@ func (r *RRL) setEvents(ev *eventTracker, on bool) {
 
 // checkAccounts ends the episodes of followed accounts that are back at full credit,
 // were evicted, or belong to a replaced table.
-func (r *RRL) checkAccounts(ev *eventTracker, now Fixed) {
+func (r *RRL) checkAccounts(ev *eventTracker, now fixed) {
 	type look struct {
 		i     uint64
 		key   uint64
 		state *rrlState
 		shard *shard
-		cost  Fixed
+		cost  fixed
 	}
 	var looks []look
 	ev.mu.Lock()
@@ -319,7 +319,7 @@ const (
 // recovered looks up the account key followed by record idx: gone (not in the table,
 // or holding another record: evicted), recovered (back at full credit: its record bits
 // are cleared) or still limited.
-func (s *shard) recovered(key, idx uint64, now, cost Fixed) int {
+func (s *shard) recovered(key, idx uint64, now, cost fixed) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	slots := s.entries()
@@ -332,11 +332,11 @@ func (s *shard) recovered(key, idx uint64, now, cost Fixed) int {
 	}
 	e := &slots[i]
 	tag := lockEntry(e)
-	zero := Fixed(e.zero.load())
+	zero := fixed(e.zero.load())
 	res := accountLimited
 	if tag&trackBits != idx<<trackShift { // changed while we waited
 		res = accountGone
-	} else if zero <= now-max(FixedOne, cost) {
+	} else if zero <= now-max(fixedOne, cost) {
 		tag &^= trackBits
 		res = accountRecovered
 	}
@@ -346,7 +346,7 @@ func (s *shard) recovered(key, idx uint64, now, cost Fixed) int {
 
 // dueLocked returns the events due at now and frees the records of ended episodes
 // whose events are out.
-func (ev *eventTracker) dueLocked(now Fixed, r *RRL) []LimitEvent {
+func (ev *eventTracker) dueLocked(now fixed, r *RRL) []LimitEvent {
 	var out []LimitEvent
 	nanos := fixedNanos(now - clockOffset)
 	for i := range ev.recs {
@@ -354,7 +354,7 @@ func (ev *eventTracker) dueLocked(now Fixed, r *RRL) []LimitEvent {
 		if !rec.used || !rec.filled {
 			continue
 		}
-		if !rec.reported && !rec.suppressed && (rec.ended || now-rec.start >= FixedOne) {
+		if !rec.reported && !rec.suppressed && (rec.ended || now-rec.start >= fixedOne) {
 			if ev.budget.take(nanos) {
 				e := rec.ev
 				until := now
@@ -394,18 +394,18 @@ func (ev *eventTracker) dueLocked(now Fixed, r *RRL) []LimitEvent {
 	return out
 }
 
-// fixedNanos converts a Fixed number of seconds to nanoseconds.
-func fixedNanos(t Fixed) int64 {
+// fixedNanos converts a fixed number of seconds to nanoseconds.
+func fixedNanos(t fixed) int64 {
 	return int64(t.Int())*int64(time.Second) + int64(t.Frac().Float64()*float64(time.Second))
 }
 
 // rateOver is count per d seconds, d at least one second.
-func rateOver(count uint64, d Fixed) float64 {
-	return float64(count) / max(d, FixedOne).Float64()
+func rateOver(count uint64, d fixed) float64 {
+	return float64(count) / max(d, fixedOne).Float64()
 }
 
 // timeOf returns the wall-clock time of an RRL time.
-func (r *RRL) timeOf(t Fixed) time.Time {
+func (r *RRL) timeOf(t fixed) time.Time {
 	d := time.Duration(fixedNanos(t - clockOffset))
 	if r.nowFunc != nil {
 		return r.epoch.Add(d)

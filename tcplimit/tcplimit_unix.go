@@ -1,6 +1,6 @@
 //go:build unix
 
-package rrl
+package tcplimit
 
 import "syscall"
 

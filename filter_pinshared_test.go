@@ -70,24 +70,24 @@ func TestPinnedSharedCookieSecret(t *testing.T) {
 	var rs [2]*resolver
 	for i := range rs {
 		src := netip.AddrFrom4([4]byte{127, 33, net24, byte(201 + i)})
-		rs[i] = &resolver{server: addrs[i], cookie: []byte("pinned-0")[:ClientCookieLen],
+		rs[i] = &resolver{server: addrs[i], cookie: []byte("pinned-0")[:clientCookieLen],
 			c: &dns.Client{Timeout: 400 * time.Millisecond, Dialer: &net.Dialer{LocalAddr: net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}}}
 	}
 	ask := func(r *resolver, id int) bool {
 		q := new(dns.Msg)
 		q.SetQuestion(fmt.Sprintf("q%d.example.test.", id), dns.TypeA)
-		SetCookie(q, r.cookie)
+		setCookie(q, r.cookie)
 		m, _, err := r.c.Exchange(q, r.server.String())
 		if err != nil || len(m.Answer) != 1 {
 			return false
 		}
-		if c, ok := CookieFromMsg(m); ok && len(c) == CookieLen {
+		if c, ok := cookieFromMsg(m); ok && len(c) == cookieLen {
 			r.cookie = c
 		}
 		return true
 	}
 	for i, r := range rs {
-		if !ask(r, 0) || len(r.cookie) != CookieLen {
+		if !ask(r, 0) || len(r.cookie) != cookieLen {
 			t.Fatalf("resolver %d learned no server cookie", i)
 		}
 	}
@@ -140,7 +140,7 @@ func servePinned(t *testing.T, dir, secret string) {
 	if err := cfg.SetValue("cookie-secret", secret); err != nil {
 		t.Fatal(err)
 	}
-	p, addr := startProtected(t, cfg, ProtectPinned(dir))
+	p, addr := startProtected(t, cfg, WithPinned(dir))
 	fmt.Printf("serving %s\n", addr)
 	var buf [1]byte
 	for {

@@ -49,7 +49,7 @@ func (f *Filter) Stats() (FilterStats, error) {
 		listed[step.Limited] = true
 		st.Nodes = append(st.Nodes, NodeStats{
 			Node:    step.limiterNode(),
-			Limit:   Fixed(step.Limit).Float64(),
+			Limit:   fixed(step.Limit).Float64(),
 			Limited: limited[step.Limited],
 		})
 	}

@@ -51,7 +51,7 @@ import (
 // choosing an eviction victim, by the holder of the shard's mutex).
 type entry struct {
 	tag  atomic.Uint64 // account key | event record | lock bit | slip countdown; 0 means empty
-	zero ownedWord     // Fixed time at which the balance is zero; balance = now - zero
+	zero ownedWord     // fixed time at which the balance is zero; balance = now - zero
 }
 
 const (
@@ -126,7 +126,7 @@ func lockEntry(e *entry) uint64 {
 
 // release stores the account's new zero time and tag (whose lock bit it clears),
 // unlocking e. It also publishes the copy of a moved entry.
-func (e *entry) release(tag uint64, zero Fixed) {
+func (e *entry) release(tag uint64, zero fixed) {
 	e.zero.store(uint64(zero))
 	e.tag.Store(tag &^ lockBit)
 }
@@ -222,7 +222,7 @@ func (s *shard) grow() {
 			continue
 		}
 		t := lockEntry(&old[k])
-		slots[free(slots, t&keyMask)].release(t, Fixed(old[k].zero.load()))
+		slots[free(slots, t&keyMask)].release(t, fixed(old[k].zero.load()))
 	}
 	s.setSlots(slots)
 }
@@ -298,7 +298,7 @@ func (s *shard) remove(i int) (scanned int) {
 		// The entry at j may move to i unless its home lies cyclically in (i, j].
 		if (i <= j && (h <= i || h > j)) || (i > j && h <= i && h > j) {
 			t = lockEntry(&slots[j])
-			slots[i].release(t, Fixed(slots[j].zero.load()))
+			slots[i].release(t, fixed(slots[j].zero.load()))
 			i = j
 		}
 	}
@@ -320,8 +320,8 @@ func (s *shard) remove(i int) (scanned int) {
 // After it the balance is clamped to -window (zero <= now + window). Reaching full
 // credit resets the slip countdown, as in BIND, and ends a limiting episode (clears the
 // event record).
-func charge(tag *uint64, zero *Fixed, fresh bool, now, cost, window Fixed) (limited bool) {
-	full := now - max(FixedOne, cost) // now >= clockOffset > maxCost >= cost
+func charge(tag *uint64, zero *fixed, fresh bool, now, cost, window fixed) (limited bool) {
+	full := now - max(fixedOne, cost) // now >= clockOffset > maxCost >= cost
 	if fresh || *zero <= full {
 		*zero = full
 		*tag &^= slipMask | trackBits
@@ -355,9 +355,9 @@ func slip(tag *uint64, ratio uint64) bool {
 // of an account being tracked, reports in t that the account has recovered (ended)
 // and, when a debit limits an account that has no episode going, starts one (began).
 // Without ev, or when neither happens, t is 0.
-func (s *shard) debit(key uint64, now, cost, window Fixed, slipRatio uint64, ev *eventTracker) (limited, slipped bool, t transition) {
+func (s *shard) debit(key uint64, now, cost, window fixed, slipRatio uint64, ev *eventTracker) (limited, slipped bool, t transition) {
 	e, tag, fresh := s.acquire(key)
-	zero := Fixed(e.zero.load())
+	zero := fixed(e.zero.load())
 	old := tag & trackBits
 	if limited = charge(&tag, &zero, fresh, now, cost, window); limited {
 		slipped = slip(&tag, slipRatio)
