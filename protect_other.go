@@ -3,7 +3,10 @@
 package rrl
 
 import (
+	"errors"
+	"net"
 	"net/netip"
+	"os"
 	"syscall"
 )
 
@@ -22,3 +25,9 @@ func identify(conn syscall.Conn) (socketID, error)             { return socketID
 func localSockets(local netip.AddrPort) ([]foundSocket, error) { return nil, errNotLinux }
 func filterOwning(id socketID) *Filter                         { return nil }
 func checkUDP(conn syscall.Conn) error                         { return nil }
+
+// isClosedSocket reports whether err says the descriptor was closed before it was
+// used.
+func isClosedSocket(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed)
+}
