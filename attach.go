@@ -346,7 +346,15 @@ func (f *Filter) Mode() FilterMode {
 // or refused the detach, is named in the error: it keeps the filter, which goes on
 // running with its last settings. Closing twice, or closing a nil Filter, is
 // harmless.
-func (f *Filter) Close() error {
+func (f *Filter) Close() error { return f.close(true) }
+
+// Release frees the Filter as Close does but leaves the program on every socket it
+// is on, running with its last settings: for a tool that attaches a pinned filter to
+// another process's sockets (rrlctl attach) and exits.
+func (f *Filter) Release() error { return f.close(false) }
+
+// close is Close, or Release when detach is false.
+func (f *Filter) close(detach bool) error {
 	if f == nil {
 		return nil
 	}
@@ -359,7 +367,10 @@ func (f *Filter) Close() error {
 		if !f.owns(s) {
 			continue
 		}
-		err := s.reach(detachIfAttached)
+		var err error
+		if detach {
+			err = s.reach(detachIfAttached)
+		}
 		f.disown(s)
 		if err != nil && !errors.Is(err, errSocketGone) {
 			errs = append(errs, s.errorf("close filter", err))

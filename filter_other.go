@@ -36,6 +36,7 @@ func (f *Filter) AttachLocal(local netip.AddrPort) error             { return er
 func (f *Filter) Update(cfg *Config) error                           { return errNotLinux }
 func (f *Filter) Mode() FilterMode                                   { return ModeNone }
 func (f *Filter) Close() error                                       { return nil }
+func (f *Filter) Release() error                                     { return nil }
 func (f *Filter) Stats() (FilterStats, error)                        { return FilterStats{}, errNotLinux }
 func (f *Filter) Config() *Config                                    { return nil }
 func (f *Filter) PinDir() string                                     { return "" }

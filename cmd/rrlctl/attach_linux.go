@@ -157,9 +157,8 @@ are not applied.`,
 		}
 		if err != nil {
 			undoErr := a.undo()
-			// Closing the copies first makes Close leave the sockets as they are now.
 			closeAll(conns)
-			f.Close()
+			f.Release() // the sockets stay as the undo left them
 			if created {
 				rrl.Unpin(c.pin)
 			}
@@ -167,7 +166,7 @@ are not applied.`,
 			return errors.Join(err, undoErr)
 		}
 		closeAll(conns)
-		f.Close()
+		f.Release() // the filter stays on the server's sockets
 		verb := "attached the filter pinned in"
 		if created {
 			verb = "loaded and attached the filter pinned in"
