@@ -2,7 +2,6 @@ package rrl
 
 import (
 	"errors"
-	"github.com/dnsrake/rrl/tcplimit"
 	"math/rand/v2"
 	"net"
 	"runtime"
@@ -11,24 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dnsrake/rrl/internal/testutil"
+	"github.com/dnsrake/rrl/tcplimit"
 	"github.com/miekg/dns"
 )
-
-// serve runs srv (given its PacketConn or Listener) until the test ends, returning
-// once it is ready.
-func serve(t testing.TB, srv *dns.Server) {
-	t.Helper()
-	started := make(chan struct{})
-	srv.NotifyStartedFunc = func() { close(started) }
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ActivateAndServe() }()
-	select {
-	case <-started:
-	case err := <-errc:
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown() })
-}
 
 func listenUDP(t testing.TB) *net.UDPConn {
 	t.Helper()
@@ -89,7 +74,7 @@ func testLimitReaderReusesBuffer(t *testing.T, generic bool) {
 	if generic {
 		conn = packetConn{pc}
 	}
-	serve(t, &dns.Server{PacketConn: conn, Handler: NewHandler(inner, NewRRL(NewConfig())),
+	testutil.Serve(t, &dns.Server{PacketConn: conn, Handler: NewHandler(inner, NewRRL(NewConfig())),
 		UDPSize: udpSize, DecorateReader: decorateLimit(lim)})
 	flood, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 99, 0, 4)}, pc.LocalAddr().(*net.UDPAddr))
 	if err != nil {
@@ -152,7 +137,7 @@ func TestHandlerLateWrite(t *testing.T) {
 	})
 	h := NewHandler(inner, NewRRL(NewConfig()))
 	pc := listenUDP(t)
-	serve(t, &dns.Server{PacketConn: pc, Handler: h})
+	testutil.Serve(t, &dns.Server{PacketConn: pc, Handler: h})
 	addr := pc.LocalAddr().String()
 
 	if r := exchange(t, "udp", addr, query("late.example.test.", dns.TypeA, false), silenceWait); r != nil {
@@ -297,7 +282,7 @@ func TestConfigureServerMalformed(t *testing.T) {
 	srv := &dns.Server{PacketConn: pc, Handler: h}
 	h.ConfigureServer(srv)
 	h.ConfigureServer(srv) // does nothing more: nothing is counted or debited twice
-	serve(t, srv)
+	testutil.Serve(t, srv)
 
 	want := map[MalformedReason]uint64{}
 	var packets [][]byte
@@ -389,7 +374,7 @@ func TestHandlerEDNS(t *testing.T) {
 	r := NewRRL(fixedConfig(t, "errors-per-second", "2", "responses-per-second", "100"))
 	h := NewHandler(new(handlerZone), r)
 	pc := listenUDP(t)
-	serve(t, &dns.Server{PacketConn: pc, Handler: h})
+	testutil.Serve(t, &dns.Server{PacketConn: pc, Handler: h})
 	addr := pc.LocalAddr().String()
 
 	v1 := func() *dns.Msg {
@@ -456,7 +441,7 @@ func TestHandlerTCPLimitedCloses(t *testing.T) {
 	r := NewRRL(fixedConfig(t, "requests-per-second", "1"))
 	h := NewHandler(new(handlerZone), r)
 	l := tcplimit.LimitListener(listenTCP(t), 1)
-	serve(t, &dns.Server{Listener: l, Handler: h, IdleTimeout: func() time.Duration { return time.Minute },
+	testutil.Serve(t, &dns.Server{Listener: l, Handler: h, IdleTimeout: func() time.Duration { return time.Minute },
 		ReadTimeout: time.Minute})
 	c, err := net.DialTimeout("tcp", l.Addr().String(), answerWait)
 	if err != nil {
@@ -475,7 +460,7 @@ func TestHandlerTCPLimitedCloses(t *testing.T) {
 			t.Fatalf("first query: %v", err)
 		case i == 1 && err == nil:
 			t.Fatalf("second query answered over requests-per-second: %v", resp)
-		case i == 1 && isTimeout(err):
+		case i == 1 && testutil.IsTimeout(err):
 			t.Fatalf("second query: %v; want the connection closed", err)
 		}
 	}
@@ -484,11 +469,6 @@ func TestHandlerTCPLimitedCloses(t *testing.T) {
 			t.Fatalf("slot still held: %+v", l.Stats())
 		}
 	}
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 func TestConfigureServerHandlerErrors(t *testing.T) {
@@ -506,7 +486,7 @@ func TestConfigureServerHandlerErrors(t *testing.T) {
 	pc := listenUDP(t)
 	srv := &dns.Server{PacketConn: pc, Handler: h}
 	h.ConfigureServer(srv)
-	serve(t, srv)
+	testutil.Serve(t, srv)
 	for i := range 3 {
 		q := query("www.example.test.", dns.TypeA, false)
 		q.Truncated = true
@@ -569,7 +549,7 @@ func TestConfigureServerTCP(t *testing.T) {
 	l := listenTCP(t)
 	srv := &dns.Server{Listener: l, Handler: h, ReadTimeout: time.Minute, IdleTimeout: func() time.Duration { return time.Minute }}
 	h.ConfigureServer(srv)
-	serve(t, srv)
+	testutil.Serve(t, srv)
 	c, err := net.DialTimeout("tcp", l.Addr().String(), answerWait)
 	if err != nil {
 		t.Fatal(err)
@@ -590,7 +570,7 @@ func TestConfigureServerTCP(t *testing.T) {
 			t.Fatalf("first malformed query: reply %x, want FORMERR", buf[:n])
 		case i == 1 && err == nil:
 			t.Fatalf("second malformed query answered over requests-per-second: %x", buf[:n])
-		case i == 1 && isTimeout(err):
+		case i == 1 && testutil.IsTimeout(err):
 			t.Fatalf("second malformed query: %v; want the connection closed", err)
 		}
 	}

@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dnsrake/rrl/tcplimit"
 	"github.com/miekg/dns"
+
+	"github.com/dnsrake/rrl/internal/testutil"
+	"github.com/dnsrake/rrl/tcplimit"
 )
 
 // selfSigned returns a server certificate for name and a pool that trusts it.
@@ -57,7 +59,7 @@ func TestTCPLimiterTLSState(t *testing.T) {
 		m.Answer = append(m.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: req.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET}, Txt: []string{state}})
 		w.WriteMsg(m)
 	})
-	serve(t, &dns.Server{Listener: l, Net: "tcp-tls", Handler: NewHandler(inner, NewRRL(NewConfig()))})
+	testutil.Serve(t, &dns.Server{Listener: l, Net: "tcp-tls", Handler: NewHandler(inner, NewRRL(NewConfig()))})
 	c := &dns.Client{Net: "tcp-tls", Timeout: answerWait,
 		TLSConfig: &tls.Config{RootCAs: pool, ServerName: "dns.example.test", MinVersion: tls.VersionTLS13}}
 	resp, _, err := c.Exchange(query("www.example.test.", dns.TypeTXT, false), l.Addr().String())

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/dnsrake/rrl/internal/testutil"
 )
 
 func TestTCPLimiterTotal(t *testing.T) {
@@ -38,7 +40,7 @@ func TestTCPLimiterTotal(t *testing.T) {
 	checkStats(t, l, Stats{Accepted: 4, Open: 3, Clients: 3, Evicted: 1})
 	// The evicted one is a's first connection: the client reads a reset.
 	ca1.SetReadDeadline(time.Now().Add(answerWait))
-	if _, err := ca1.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+	if _, err := ca1.Read(make([]byte, 1)); err == nil || testutil.IsTimeout(err) {
 		t.Errorf("a's oldest connection was not reset: %v", err)
 	}
 	if DefaultConns() < 1 {
@@ -169,7 +171,7 @@ func descriptorsChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := LimitListener(listenTCP(t), 0)
-	serve(t, &dns.Server{Listener: l, Handler: answerA,
+	testutil.Serve(t, &dns.Server{Listener: l, Handler: answerA,
 		ReadTimeout: time.Minute, IdleTimeout: func() time.Duration { return time.Minute }})
 	fmt.Printf("CHILD ready %s\n", l.Addr())
 	sc := bufio.NewScanner(os.Stdin)
