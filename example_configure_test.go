@@ -56,7 +56,7 @@ func ExampleHandler_ConfigureServer() {
 		}
 	}
 	st := h.Stats()
-	fmt.Println(st.Malformed[rrl.MalformedQuestionCount], "queries without one question")
+	fmt.Println(st.Malformed["question-count"], "queries without one question")
 	// Output:
 	// FORMERR
 	// no reply

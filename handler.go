@@ -164,10 +164,13 @@ type HandlerStats struct {
 	// (with WithCookies only).
 	Cookies [cookieResultLast]uint64
 	// Malformed counts queries answered with an error rcode (or not at all)
-	// because of their form, by reason; their replies are also in
-	// Responses[...][AllowanceError]. The reasons miekg/dns finds before the
-	// Handler runs are counted only on a server set up with ConfigureServer.
-	Malformed [malformedLast]uint64
+	// because of their form, by reason, every reason present: "short" (no reply),
+	// "response" (QR set: no reply), "opcode" (NOTIMP), "question-count",
+	// "section-count", "truncated", "name", "other" and "opt-count" (FORMERR),
+	// "edns-version" (BADVERS). Their replies are also in
+	// Responses[...][AllowanceError]. The first eight are found by miekg/dns before
+	// the Handler runs and counted only on a server set up with ConfigureServer.
+	Malformed map[string]uint64
 }
 
 // Stats returns the Handler's counters.
@@ -184,8 +187,9 @@ func (h *Handler) Stats() HandlerStats {
 	for i := range s.Cookies {
 		s.Cookies[i] = h.cookieCounts[i].Load()
 	}
-	for i := range s.Malformed {
-		s.Malformed[i] = h.malformed[i].Load()
+	s.Malformed = make(map[string]uint64, malformedLast)
+	for r := range malformedLast {
+		s.Malformed[r.String()] = h.malformed[r].Load()
 	}
 	return s
 }
@@ -275,27 +279,27 @@ func (h *Handler) release(rw *responseWriter) {
 // RcodeSuccess: NOTIMP for an opcode other than QUERY and NOTIFY, FORMERR for a
 // QUERY without exactly one question or with more than one OPT record, BADVERS for
 // an EDNS version above 0 (RFC 6891 section 6.1.3).
-func queryError(req *dns.Msg) (int, MalformedReason) {
+func queryError(req *dns.Msg) (int, malformedReason) {
 	switch req.Opcode {
 	case dns.OpcodeQuery:
 		if len(req.Question) != 1 {
-			return dns.RcodeFormatError, MalformedQuestionCount
+			return dns.RcodeFormatError, malformedQuestionCount
 		}
 	case dns.OpcodeNotify:
 	default:
-		return dns.RcodeNotImplemented, MalformedOpcode
+		return dns.RcodeNotImplemented, malformedOpcode
 	}
 	var opt *dns.OPT
 	for _, rr := range req.Extra {
 		if o, ok := rr.(*dns.OPT); ok {
 			if opt != nil {
-				return dns.RcodeFormatError, MalformedOPTCount
+				return dns.RcodeFormatError, malformedOPTCount
 			}
 			opt = o
 		}
 	}
 	if opt != nil && opt.Version() != 0 {
-		return dns.RcodeBadVers, MalformedEDNSVersion
+		return dns.RcodeBadVers, malformedEDNSVersion
 	}
 	return dns.RcodeSuccess, 0
 }

@@ -8,24 +8,24 @@ import (
 	"github.com/miekg/dns"
 )
 
-// MalformedReason says why a query got an error reply (or none) instead of an
-// answer; HandlerStats.Malformed counts queries by it.
-type MalformedReason uint8
+// malformedReason says why a query got an error reply (or none) instead of an
+// answer; HandlerStats.Malformed counts queries by its name.
+type malformedReason uint8
 
-// The reasons. Those up to MalformedOther are found by miekg/dns before the Handler
+// The reasons. Those up to malformedOther are found by miekg/dns before the Handler
 // runs and counted only on a server set up with ConfigureServer; the Handler finds
 // the others itself.
 const (
-	MalformedShort         MalformedReason = iota // shorter than a DNS header: no reply
-	MalformedResponse                             // QR set, a response: no reply
-	MalformedOpcode                               // an opcode other than QUERY and NOTIFY: NOTIMP
-	MalformedQuestionCount                        // a QUERY without exactly one question: FORMERR
-	MalformedSectionCount                         // more answer, authority or additional records than a query has: FORMERR
-	MalformedTruncated                            // a record or question runs past the end: FORMERR
-	MalformedName                                 // a reserved label type (a length over 63; miekg/dns reports some bad record data alike), a name over 255 octets, a compression loop: FORMERR
-	MalformedOther                                // any other record that does not unpack: FORMERR
-	MalformedOPTCount                             // more than one OPT record: FORMERR
-	MalformedEDNSVersion                          // an EDNS version above 0: BADVERS
+	malformedShort         malformedReason = iota // shorter than a DNS header: no reply
+	malformedResponse                             // QR set, a response: no reply
+	malformedOpcode                               // an opcode other than QUERY and NOTIFY: NOTIMP
+	malformedQuestionCount                        // a QUERY without exactly one question: FORMERR
+	malformedSectionCount                         // more answer, authority or additional records than a query has: FORMERR
+	malformedTruncated                            // a record or question runs past the end: FORMERR
+	malformedName                                 // a reserved label type (a length over 63; miekg/dns reports some bad record data alike), a name over 255 octets, a compression loop: FORMERR
+	malformedOther                                // any other record that does not unpack: FORMERR
+	malformedOPTCount                             // more than one OPT record: FORMERR
+	malformedEDNSVersion                          // an EDNS version above 0: BADVERS
 	malformedLast                                 // number of reasons
 )
 
@@ -34,11 +34,11 @@ var malformedNames = [malformedLast]string{"short", "response", "opcode", "quest
 
 // String returns the reason's name as the metrics label it: "short", "opcode",
 // "question-count", "name", "edns-version", ...
-func (r MalformedReason) String() string {
+func (r malformedReason) String() string {
 	if r < malformedLast {
 		return malformedNames[r]
 	}
-	return fmt.Sprintf("MalformedReason(%d)", uint8(r))
+	return fmt.Sprintf("malformedReason(%d)", uint8(r))
 }
 
 // ConfigureServer sets up srv so that no reply leaves it outside h's rate limits.
@@ -94,32 +94,32 @@ func (h *Handler) ConfigureServer(srv *dns.Server) {
 
 // headerReason returns why a MsgAcceptFunc turned a query down, judged by the
 // rules of dns.DefaultMsgAcceptFunc.
-func headerReason(dh dns.Header) MalformedReason {
+func headerReason(dh dns.Header) malformedReason {
 	const qr = 1 << 15
 	switch op := int(dh.Bits>>11) & 0xF; {
 	case dh.Bits&qr != 0:
-		return MalformedResponse
+		return malformedResponse
 	case op != dns.OpcodeQuery && op != dns.OpcodeNotify:
-		return MalformedOpcode
+		return malformedOpcode
 	case dh.Qdcount != 1:
-		return MalformedQuestionCount
+		return malformedQuestionCount
 	}
-	return MalformedSectionCount
+	return malformedSectionCount
 }
 
 // unpackReason returns the reason for an error miekg/dns's unpacking returned.
-func unpackReason(err error) MalformedReason {
+func unpackReason(err error) malformedReason {
 	switch {
 	case errors.Is(err, dns.ErrShortRead):
-		return MalformedShort
+		return malformedShort
 	case errors.Is(err, dns.ErrBuf):
-		return MalformedTruncated
+		return malformedTruncated
 	case errors.Is(err, dns.ErrLongDomain), errors.Is(err, dns.ErrRdata):
-		return MalformedName
+		return malformedName
 	case err != nil && strings.Contains(err.Error(), "compression pointer"):
-		return MalformedName
+		return malformedName
 	}
-	return MalformedOther
+	return malformedOther
 }
 
 // errorGuard is the dns.Writer ConfigureServer puts under each response of the

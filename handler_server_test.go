@@ -223,7 +223,7 @@ func TestHandlerLateWrite(t *testing.T) {
 // handler runs, and the reason ConfigureServer counts it under.
 type malformedFamily struct {
 	name   string
-	reason MalformedReason
+	reason malformedReason
 	b      []byte
 }
 
@@ -257,16 +257,16 @@ func malformedFamilies(t testing.TB) []malformedFamily {
 		t.Fatal(err)
 	}
 	return []malformedFamily{
-		{"short", MalformedShort, []byte{1, 2, 3, 4, 5}},
-		{"response", MalformedResponse, append(hdr(3, 1<<15, 1, 0, 0, 0), root...)},
-		{"qdcount-0", MalformedQuestionCount, hdr(4, tc|1<<8, 0, 0, 0, 0)}, // TC and RD set
-		{"qdcount-2", MalformedQuestionCount, twoQ},
-		{"arcount-3", MalformedSectionCount, append(hdr(5, 0, 1, 0, 0, 3), root...)},
-		{"label-over-63", MalformedName, append(hdr(6, tc, 1, 0, 0, 0), 0x40, 'x', 0, 0, 1, 0, 1)}, // label type 01
-		{"name-over-255", MalformedName, long},
-		{"pointer-loop", MalformedName, append(hdr(9, 0, 1, 0, 0, 0), 0xc0, 12, 0, 1, 0, 1)},
-		{"truncated", MalformedTruncated, append(hdr(8, 0, 1, 0, 0, 0), 3, 'w', 'w')},
-		{"opcode-status", MalformedOpcode, statusQ},
+		{"short", malformedShort, []byte{1, 2, 3, 4, 5}},
+		{"response", malformedResponse, append(hdr(3, 1<<15, 1, 0, 0, 0), root...)},
+		{"qdcount-0", malformedQuestionCount, hdr(4, tc|1<<8, 0, 0, 0, 0)}, // TC and RD set
+		{"qdcount-2", malformedQuestionCount, twoQ},
+		{"arcount-3", malformedSectionCount, append(hdr(5, 0, 1, 0, 0, 3), root...)},
+		{"label-over-63", malformedName, append(hdr(6, tc, 1, 0, 0, 0), 0x40, 'x', 0, 0, 1, 0, 1)}, // label type 01
+		{"name-over-255", malformedName, long},
+		{"pointer-loop", malformedName, append(hdr(9, 0, 1, 0, 0, 0), 0xc0, 12, 0, 1, 0, 1)},
+		{"truncated", malformedTruncated, append(hdr(8, 0, 1, 0, 0, 0), 3, 'w', 'w')},
+		{"opcode-status", malformedOpcode, statusQ},
 	}
 }
 
@@ -284,7 +284,7 @@ func TestConfigureServerMalformed(t *testing.T) {
 	h.ConfigureServer(srv) // does nothing more: nothing is counted or debited twice
 	testutil.Serve(t, srv)
 
-	want := map[MalformedReason]uint64{}
+	want := map[malformedReason]uint64{}
 	var packets [][]byte
 	rng := rand.New(rand.NewPCG(1, 2))
 	for len(packets) < 10*eps*2 {
@@ -349,10 +349,14 @@ func TestConfigureServerMalformed(t *testing.T) {
 
 	st := h.Stats()
 	var total uint64
-	for reason, n := range st.Malformed {
+	if len(st.Malformed) != int(malformedLast) {
+		t.Errorf("Malformed has %d reasons, want every one of %d: %v", len(st.Malformed), malformedLast, st.Malformed)
+	}
+	for reason := range malformedLast {
+		n := st.Malformed[reason.String()]
 		total += n
-		if n < want[MalformedReason(reason)] {
-			t.Errorf("Malformed[%v] = %d, want at least %d", MalformedReason(reason), n, want[MalformedReason(reason)])
+		if n < want[reason] {
+			t.Errorf("Malformed[%v] = %d, want at least %d", reason, n, want[reason])
 		}
 	}
 	if total != uint64(len(packets)) {
@@ -393,13 +397,13 @@ func TestHandlerEDNS(t *testing.T) {
 		name    string
 		q       *dns.Msg
 		rcode   int
-		reason  MalformedReason
+		reason  malformedReason
 		replied bool
 	}{
-		{"version-1", v1(), dns.RcodeBadVers, MalformedEDNSVersion, true},
-		{"two-opt", twoOPT(), dns.RcodeFormatError, MalformedOPTCount, true},
+		{"version-1", v1(), dns.RcodeBadVers, malformedEDNSVersion, true},
+		{"two-opt", twoOPT(), dns.RcodeFormatError, malformedOPTCount, true},
 		// errors-per-second 2 with the clock standing still: the third error is dropped.
-		{"version-1-limited", v1(), 0, MalformedEDNSVersion, false},
+		{"version-1-limited", v1(), 0, malformedEDNSVersion, false},
 	}
 	for _, tt := range tests {
 		wait := answerWait
@@ -424,7 +428,7 @@ func TestHandlerEDNS(t *testing.T) {
 		}
 	}
 	st := h.Stats()
-	if st.Malformed[MalformedEDNSVersion] != 2 || st.Malformed[MalformedOPTCount] != 1 ||
+	if st.Malformed["edns-version"] != 2 || st.Malformed["opt-count"] != 1 ||
 		st.Responses[Send][AllowanceError] != 2 || st.Responses[Drop][AllowanceError] != 1 {
 		t.Errorf("stats %+v", st)
 	}
@@ -574,7 +578,7 @@ func TestConfigureServerTCP(t *testing.T) {
 			t.Fatalf("second malformed query: %v; want the connection closed", err)
 		}
 	}
-	if st := h.Stats(); st.Malformed[MalformedQuestionCount] != 2 || st.Responses[Drop][AllowanceError] != 1 {
+	if st := h.Stats(); st.Malformed["question-count"] != 2 || st.Responses[Drop][AllowanceError] != 1 {
 		t.Errorf("stats %+v", st)
 	}
 }

@@ -34,7 +34,7 @@ import (
 //	handler_requests_limited_total              queries the Handler's Limiter dropped
 //	handler_cookies_total{result}               COOKIE options by CookieResult
 //	handler_malformed_total{reason}             queries answered with an error (or not at all)
-//	                                            for their form, by MalformedReason
+//	                                            for their form, by reason (HandlerStats.Malformed)
 //	filter_mode{mode}                           1 for the attached mode (ebpf, classic)
 //	filter_packets_total                        packets the eBPF filter judged
 //	filter_passed_total                         packets it delivered
@@ -223,8 +223,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				counter(c.hCookies, float64(v), rrl.CookieResult(r).String())
 			}
 		}
-		for r, v := range st.Malformed {
-			counter(c.hMalformed, float64(v), rrl.MalformedReason(r).String())
+		for reason, v := range st.Malformed {
+			counter(c.hMalformed, float64(v), reason)
 		}
 	}
 	if c.filter != nil {
