@@ -41,14 +41,14 @@ const (
 // refused less than a few times a second may be missing; at most 4096 groups are kept,
 // the least recently recorded leaving first. In report-only mode it lists the groups
 // the filter would limit. It works for pinned filters with read access to the pins.
-func (f *Filter) LimitedGroups() ([]LimitedGroup, error) {
+func (f *Filter) LimitedGroups() ([]GroupRate, error) {
 	groups, _, err := f.limitedLook()
 	return groups, err
 }
 
 // limitedLook is LimitedGroups and whether the filter is in report-only mode, read
 // together.
-func (f *Filter) limitedLook() (groups []LimitedGroup, reportOnly bool, err error) {
+func (f *Filter) limitedLook() (groups []GroupRate, reportOnly bool, err error) {
 	if f == nil {
 		return nil, false, ErrClosed
 	}
@@ -64,7 +64,7 @@ func (f *Filter) limitedLook() (groups []LimitedGroup, reportOnly bool, err erro
 
 // limitedGroupsAt is LimitedGroups at kernel clock now, which is wall time wall. f.mu
 // must be held.
-func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) ([]LimitedGroup, error) {
+func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) ([]GroupRate, error) {
 	if f.objs == nil || f.objs.Limited == nil {
 		return nil, fmt.Errorf("rrl: read limited groups: %w", ErrClosed)
 	}
@@ -84,13 +84,13 @@ func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) 
 		}
 		return wall.Add(-time.Duration(now - t))
 	}
-	var out []LimitedGroup
+	var out []GroupRate
 	for _, r := range recs {
 		if r.v.Last+uint64(limitedFresh) < now || r.k.Limited >= numLimited {
 			continue
 		}
 		node := limitedNode(r.k.Limited)
-		g := LimitedGroup{
+		g := GroupRate{
 			Node:    node,
 			Group:   limitedPrefix(node, r.k.Hi, r.k.Lo),
 			Dropped: r.v.Drops * limitedSample,
@@ -111,7 +111,7 @@ func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) 
 		}
 		out = append(out, g)
 	}
-	slices.SortFunc(out, func(a, b LimitedGroup) int {
+	slices.SortFunc(out, func(a, b GroupRate) int {
 		if c := cmpRate(a.Rate, b.Rate); c != 0 {
 			return c
 		}

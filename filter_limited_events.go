@@ -107,7 +107,7 @@ func (w *limitedWatch) look(f *Filter) ([]LimitEvent, error) {
 
 // changes returns the events between the previous look and groups, listed at now by
 // a filter in report-only mode or not.
-func (w *limitedWatch) changes(groups []LimitedGroup, reportOnly bool, now time.Time) []LimitEvent {
+func (w *limitedWatch) changes(groups []GroupRate, reportOnly bool, now time.Time) []LimitEvent {
 	var out []LimitEvent
 	listed := make(map[limitedKey]bool, len(groups))
 	for _, g := range groups {
@@ -138,7 +138,7 @@ func (w *limitedWatch) changes(groups []LimitedGroup, reportOnly bool, now time.
 }
 
 // start begins the episode of g, reporting its start if the budget allows.
-func (w *limitedWatch) start(out []LimitEvent, k limitedKey, g LimitedGroup, reportOnly bool, now time.Time) []LimitEvent {
+func (w *limitedWatch) start(out []LimitEvent, k limitedKey, g GroupRate, reportOnly bool, now time.Time) []LimitEvent {
 	if !w.budget.take(now.UnixNano()) {
 		w.groups[k] = &limitedEpisode{state: episodeSuppressed}
 		return out

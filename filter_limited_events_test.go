@@ -22,15 +22,15 @@ import (
 func TestLimitedWatchTimeline(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	group := func(node LimiterNode, prefix string, port uint16, rate float64, last time.Duration) LimitedGroup {
-		return LimitedGroup{Node: node, Group: netip.MustParsePrefix(prefix), Port: port, Rate: rate, Limit: 100, Last: at(last)}
+	group := func(node LimiterNode, prefix string, port uint16, rate float64, last time.Duration) GroupRate {
+		return GroupRate{Node: node, Group: netip.MustParsePrefix(prefix), Port: port, Rate: rate, Limit: 100, Last: at(last)}
 	}
 	a := group(nodeTagIPv4|32, "192.0.2.1/32", 0, 900, 0)
 	b := group(nodeTagIPv4|24, "198.51.100.0/24", 0, 300, 0)
 	p := group(NodePort, "0.0.0.0/0", 4444, 500, 0)
 	c := group(nodeTagIPv4|32, "192.0.2.3/32", 0, 900, 10*time.Second)
 	d := group(nodeTagIPv4|32, "192.0.2.4/32", 0, 900, 10*time.Second)
-	with := func(g LimitedGroup, rate float64, last time.Duration) LimitedGroup {
+	with := func(g GroupRate, rate float64, last time.Duration) GroupRate {
 		g.Rate, g.Last = rate, at(last)
 		return g
 	}
@@ -43,26 +43,26 @@ func TestLimitedWatchTimeline(t *testing.T) {
 	}
 	steps := []struct {
 		at         time.Duration
-		groups     []LimitedGroup
+		groups     []GroupRate
 		reportOnly bool
 		want       []want
 	}{
-		{0, []LimitedGroup{a}, false, []want{{false, "192.0.2.1/32", 0, 0, false}}},
-		{time.Second, []LimitedGroup{a}, false, nil},                                                       // still limited: nothing new
-		{2 * time.Second, []LimitedGroup{a, b, p}, false, []want{{false, "198.51.100.0/24", 0, 0, false}}}, // p over the budget
-		{3 * time.Second, []LimitedGroup{b, p}, false, []want{{true, "192.0.2.1/32", 0, 1, false}}},
+		{0, []GroupRate{a}, false, []want{{false, "192.0.2.1/32", 0, 0, false}}},
+		{time.Second, []GroupRate{a}, false, nil},                                                       // still limited: nothing new
+		{2 * time.Second, []GroupRate{a, b, p}, false, []want{{false, "198.51.100.0/24", 0, 0, false}}}, // p over the budget
+		{3 * time.Second, []GroupRate{b, p}, false, []want{{true, "192.0.2.1/32", 0, 1, false}}},
 		{4 * time.Second, nil, false, []want{{true, "198.51.100.0/24", 0, 0, false}}}, // p's start was suppressed: no stop
-		{5 * time.Second, []LimitedGroup{p}, false, []want{{false, "invalid Prefix", 4444, 0, false}}},
+		{5 * time.Second, []GroupRate{p}, false, []want{{false, "invalid Prefix", 4444, 0, false}}},
 		// Under its limit while still listed: stopped, and not started again by
 		// the refusals already recorded.
-		{6 * time.Second, []LimitedGroup{with(p, 50, 5*time.Second)}, false, []want{{true, "invalid Prefix", 4444, 0, false}}},
-		{7 * time.Second, []LimitedGroup{with(p, 50, 5*time.Second)}, false, nil},
-		{8 * time.Second, []LimitedGroup{with(p, 500, 7500*time.Millisecond)}, true, []want{{false, "invalid Prefix", 4444, 0, true}}},
-		{9 * time.Second, []LimitedGroup{with(p, 20, 7500*time.Millisecond)}, false, []want{{true, "invalid Prefix", 4444, 0, true}}},
+		{6 * time.Second, []GroupRate{with(p, 50, 5*time.Second)}, false, []want{{true, "invalid Prefix", 4444, 0, false}}},
+		{7 * time.Second, []GroupRate{with(p, 50, 5*time.Second)}, false, nil},
+		{8 * time.Second, []GroupRate{with(p, 500, 7500*time.Millisecond)}, true, []want{{false, "invalid Prefix", 4444, 0, true}}},
+		{9 * time.Second, []GroupRate{with(p, 20, 7500*time.Millisecond)}, false, []want{{true, "invalid Prefix", 4444, 0, true}}},
 		// A suppressed start that recovers may start again on a later refusal.
-		{10 * time.Second, []LimitedGroup{c, d}, false, []want{{false, "192.0.2.3/32", 0, 0, false}}},
-		{11 * time.Second, []LimitedGroup{c, with(d, 10, 10*time.Second)}, false, nil},
-		{12 * time.Second, []LimitedGroup{c, with(d, 900, 11500*time.Millisecond)}, false, []want{{false, "192.0.2.4/32", 0, 1, false}}},
+		{10 * time.Second, []GroupRate{c, d}, false, []want{{false, "192.0.2.3/32", 0, 0, false}}},
+		{11 * time.Second, []GroupRate{c, with(d, 10, 10*time.Second)}, false, nil},
+		{12 * time.Second, []GroupRate{c, with(d, 900, 11500*time.Millisecond)}, false, []want{{false, "192.0.2.4/32", 0, 1, false}}},
 	}
 	w := newLimitedWatch(1)
 	for _, s := range steps {

@@ -56,7 +56,7 @@ func (r testRun) filter() *Filter {
 }
 
 // groupsAt is LimitedGroups at kernel time now, which is wall time wall.
-func (r testRun) groupsAt(now uint64, wall time.Time) []LimitedGroup {
+func (r testRun) groupsAt(now uint64, wall time.Time) []GroupRate {
 	r.t.Helper()
 	f := r.filter()
 	s, _, err := f.objs.settingsMaps().active(nil)
@@ -99,18 +99,18 @@ func TestKernelRecordsLimitedGroups(t *testing.T) {
 		reportOnly bool
 		destOpts   bool
 		packets    []packet
-		want       []LimitedGroup // Rate and Limit are checked separately
+		want       []GroupRate // Rate and Limit are checked separately
 	}{
 		{"one address, two recorded drops", false, false,
 			append(append(burst(40, t0, drawSkip, one("192.0.2.7:40000")), packet{v4("192.0.2.7:40000"), t0, drawRecord}),
 				packet{v4("192.0.2.7:40000"), later, drawRecord}),
-			[]LimitedGroup{{Node: nodeTagIPv4 | 32, Group: netip.MustParsePrefix("192.0.2.7/32"), Dropped: 2 * limitedSample,
+			[]GroupRate{{Node: nodeTagIPv4 | 32, Group: netip.MustParsePrefix("192.0.2.7/32"), Dropped: 2 * limitedSample,
 				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(later))}}},
 		{"a /24 of many sources", false, false,
 			append(burst(40, t0, drawSkip, func(i int) netip.AddrPort {
 				return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), uint16(30000+i))
 			}), packet{v4("198.51.100.250:1234"), t0, drawRecord}),
-			[]LimitedGroup{{Node: nodeTagIPv4 | 24, Group: netip.MustParsePrefix("198.51.100.0/24"), Dropped: limitedSample,
+			[]GroupRate{{Node: nodeTagIPv4 | 24, Group: netip.MustParsePrefix("198.51.100.0/24"), Dropped: limitedSample,
 				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(t0))}}},
 		{"one source port from everywhere", false, false,
 			burst(41, t0, drawRecord, func(i int) netip.AddrPort {
@@ -119,15 +119,15 @@ func TestKernelRecordsLimitedGroups(t *testing.T) {
 			nil}, // filled below: the port node refuses from the 30th packet on
 		{"an IPv6 address", false, false,
 			append(burst(40, t0, drawSkip, one("[fd00:1:2:3::7]:5353")), packet{v4("[fd00:1:2:3::7]:5353"), t0, drawRecord}),
-			[]LimitedGroup{{Node: nodeTagIPv6 | 128, Group: netip.MustParsePrefix("fd00:1:2:3::7/128"), Dropped: limitedSample,
+			[]GroupRate{{Node: nodeTagIPv6 | 128, Group: netip.MustParsePrefix("fd00:1:2:3::7/128"), Dropped: limitedSample,
 				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(t0))}}},
 		{"an IPv6 address behind a destination options header", false, true,
 			append(burst(40, t0, drawSkip, one("[fd00:1:2:3::7]:5353")), packet{v4("[fd00:1:2:3::7]:5353"), t0, drawRecord}),
-			[]LimitedGroup{{Node: nodeTagIPv6 | 128, Group: netip.MustParsePrefix("fd00:1:2:3::7/128"), Dropped: limitedSample,
+			[]GroupRate{{Node: nodeTagIPv6 | 128, Group: netip.MustParsePrefix("fd00:1:2:3::7/128"), Dropped: limitedSample,
 				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(t0))}}},
 		{"report-only records what it would drop", true, false,
 			append(burst(40, t0, drawSkip, one("192.0.2.8:40000")), packet{v4("192.0.2.8:40000"), t0, drawRecord}),
-			[]LimitedGroup{{Node: nodeTagIPv4 | 32, Group: netip.MustParsePrefix("192.0.2.8/32"), Dropped: limitedSample,
+			[]GroupRate{{Node: nodeTagIPv4 | 32, Group: netip.MustParsePrefix("192.0.2.8/32"), Dropped: limitedSample,
 				First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(t0))}}},
 		{"drops the sample skips", false, false, burst(60, t0, drawSkip, one("192.0.2.9:40000")), nil},
 		{"a source within its limit", false, false, burst(20, t0, drawRecord, one("192.0.2.10:40000")), nil},
@@ -158,7 +158,7 @@ func TestKernelRecordsLimitedGroups(t *testing.T) {
 				if recorded == 0 {
 					t.Fatal("the port flood was never refused")
 				}
-				want = []LimitedGroup{{Node: NodePort, Group: netip.MustParsePrefix("0.0.0.0/0"), Port: 23456,
+				want = []GroupRate{{Node: NodePort, Group: netip.MustParsePrefix("0.0.0.0/0"), Port: 23456,
 					Dropped: recorded * limitedSample, First: time.Unix(0, int64(t0)), Last: time.Unix(0, int64(t0))}}
 			}
 			// Read at the last packet's time; kernel time is taken as Unix time.

@@ -40,8 +40,8 @@ func (f *Filter) Release() error                                     { return ni
 func (f *Filter) Stats() (FilterStats, error)                        { return FilterStats{}, errNotLinux }
 func (f *Filter) Config() *Config                                    { return nil }
 func (f *Filter) PinDir() string                                     { return "" }
-func (f *Filter) LimitedGroups() ([]LimitedGroup, error)             { return nil, errNotLinux }
+func (f *Filter) LimitedGroups() ([]GroupRate, error)                { return nil, errNotLinux }
 func (f *Filter) UseCookies(c *Cookies) error                        { return errNotLinux }
 func (f *Filter) HeavyCells(n int) ([]SketchCell, error)             { return nil, errNotLinux }
 func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return nil, errNotLinux }
-func (f *Filter) limitedLook() ([]LimitedGroup, bool, error)         { return nil, false, errNotLinux }
+func (f *Filter) limitedLook() ([]GroupRate, bool, error)            { return nil, false, errNotLinux }

@@ -122,24 +122,17 @@ type SketchCell struct {
 	Limit  float64     `json:"limit"`  // the level's limit per group
 }
 
-// GroupRate is the filter's current rate estimate for one source group.
+// GroupRate is a source group of the request limiter with the kernel filter's rate
+// estimate for it: one of the groups a source belongs to (Filter.GroupRates), or one
+// the limiter has been refusing packets of (Filter.LimitedGroups), which alone has
+// Dropped, First and Last.
 type GroupRate struct {
-	Node  LimiterNode  `json:"node"`           // the level
-	Group netip.Prefix `json:"group"`          // the source masked to the level (0.0.0.0/0 for port and total)
-	Port  uint16       `json:"port,omitempty"` // the source port, for the port level
-	Rate  float64      `json:"rate"`           // packets per second: the smaller of the group's cells, an upper bound
-	Limit float64      `json:"limit"`          // the level's limit per group
-}
-
-// LimitedGroup is a source group the kernel filter's request limiter has been
-// refusing packets of (Filter.LimitedGroups).
-type LimitedGroup struct {
-	Node    LimiterNode  `json:"node"`           // the level that refused them: the first over its limit, finest first
-	Group   netip.Prefix `json:"group"`          // the source prefix at that level (0.0.0.0/0 for port and total)
-	Port    uint16       `json:"port,omitempty"` // the source port, for the port level
-	Dropped uint64       `json:"dropped"`        // packets refused since First, estimated from a sample (report-only: would have been)
-	Rate    float64      `json:"rate"`           // packets per second now: the level's estimate for the group, an upper bound
-	Limit   float64      `json:"limit"`          // the level's limit per group
-	First   time.Time    `json:"first"`          // first recorded refusal since the group was last out of the record
-	Last    time.Time    `json:"last"`           // latest recorded refusal
+	Node    LimiterNode  `json:"node"`             // the level; for LimitedGroups the one that refused them, the first over its limit, finest first
+	Group   netip.Prefix `json:"group"`            // the source masked to the level (0.0.0.0/0 for port and total)
+	Port    uint16       `json:"port,omitempty"`   // the source port, for the port level
+	Rate    float64      `json:"rate"`             // packets per second now: the smaller of the group's cells, an upper bound
+	Limit   float64      `json:"limit"`            // the level's limit per group
+	Dropped uint64       `json:"dropped,omitzero"` // packets refused since First, estimated from a sample (report-only: would have been)
+	First   time.Time    `json:"first,omitzero"`   // first recorded refusal since the group was last out of the record
+	Last    time.Time    `json:"last,omitzero"`    // latest recorded refusal
 }

@@ -74,7 +74,7 @@ the same number it compares with the limit for that source's next packet.`,
 			return err
 		}
 		if limited == nil {
-			limited = []rrl.LimitedGroup{}
+			limited = []rrl.GroupRate{}
 		}
 		rep := topReport{PinDir: c.pin, Limited: limited, Levels: summarize(cells), Cells: []rrl.SketchCell{}, Probes: []probeJSON{}}
 		perRow := map[[2]any]int{}
@@ -101,11 +101,11 @@ the same number it compares with the limit for that source's next packet.`,
 }
 
 type topReport struct {
-	PinDir  string             `json:"pin_dir"`
-	Limited []rrl.LimitedGroup `json:"limited"`
-	Levels  []levelTop         `json:"levels"`
-	Cells   []rrl.SketchCell   `json:"cells"`
-	Probes  []probeJSON        `json:"probes"`
+	PinDir  string           `json:"pin_dir"`
+	Limited []rrl.GroupRate  `json:"limited"`
+	Levels  []levelTop       `json:"levels"`
+	Cells   []rrl.SketchCell `json:"cells"`
+	Probes  []probeJSON      `json:"probes"`
 }
 
 // levelTop summarizes one level's sketch.
