@@ -202,8 +202,8 @@ func TestNilFilter(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
-	if f.Mode() != ModeNone || f.Config() != nil || f.PinDir() != "" {
-		t.Errorf("nil filter: mode %v config %v pin %q", f.Mode(), f.Config(), f.PinDir())
+	if f.Mode() != ModeNone || f.Config() != nil || f.pinPath() != "" {
+		t.Errorf("nil filter: mode %v config %v pin %q", f.Mode(), f.Config(), f.pinPath())
 	}
 	if st, err := f.Stats(); err != nil || st.Mode != ModeNone {
 		t.Errorf("Stats: %+v, %v", st, err)

@@ -143,7 +143,7 @@ var attachWays = []attachWay{
 	{"Attach", func(srv *udpServer, cfg *Config) (*Filter, error) { return Attach(srv.conn, cfg) }},
 	// AttachLocal finds the socket's descriptor in /proc/self/fd, as the CoreDNS
 	// plugin does.
-	{"AttachLocal", func(srv *udpServer, cfg *Config) (*Filter, error) { return AttachLocal(srv.addr, cfg) }},
+	{"AttachLocal", func(srv *udpServer, cfg *Config) (*Filter, error) { return attachLocal(srv.addr, cfg) }},
 }
 
 // attachMode attaches a Filter with way in the mode asked for (classic: the eBPF
@@ -398,7 +398,7 @@ func TestAttachLocalAcrossReloads(t *testing.T) {
 				if err := f.Update(r.cfg); err != nil {
 					t.Fatalf("reload %d: Update: %v", i+1, err)
 				}
-				if err := f.AttachLocal(srv.addr); err != nil {
+				if err := f.attachLocal(srv.addr); err != nil {
 					t.Fatalf("reload %d: AttachLocal: %v", i+1, err)
 				}
 				srv.conn.Close()

@@ -10,7 +10,7 @@ import (
 	"github.com/dnsrake/rrl/internal/procsock"
 )
 
-// AttachLocal attaches one Filter, configured by cfg, to every UDP socket of this
+// attachLocal attaches one Filter, configured by cfg, to every UDP socket of this
 // process bound to local; an unspecified address (0.0.0.0 or ::) in local matches
 // sockets bound to any address on that port, and port 0 is an error.
 //
@@ -29,8 +29,8 @@ import (
 // server as a copy), Update and Close reach the socket through the other; a socket
 // with no descriptor left is gone and left alone, and so is a new socket that took
 // the closed descriptor's number. Close detaches the filter and leaves the sockets
-// open. Sockets opened after the call are not protected: call Filter.AttachLocal.
-func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) {
+// open. Sockets opened after the call are not protected: call Filter.attachLocal.
+func attachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) {
 	socks, err := procsock.UDP(0, local)
 	if err != nil {
 		return nil, fmt.Errorf("rrl: attach to %s: %w", local, err)
@@ -47,12 +47,12 @@ func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) {
 	return f, err
 }
 
-// AttachLocal adds every UDP socket of this process bound to local to f, found as the
-// function AttachLocal finds them: for sockets a server opened since f was attached
+// attachLocal adds every UDP socket of this process bound to local to f, found as the
+// function attachLocal finds them: for sockets a server opened since f was attached
 // (a reload that added some). A socket f is on already keeps the filter, which from
 // then on reaches it through the descriptor found now. It tries every socket and
 // returns the errors of those it could not attach.
-func (f *Filter) AttachLocal(local netip.AddrPort) error {
+func (f *Filter) attachLocal(local netip.AddrPort) error {
 	socks, err := procsock.UDP(0, local)
 	if err != nil {
 		return fmt.Errorf("rrl: attach to %s: %w", local, err)

@@ -92,7 +92,7 @@ func TestAttachLocal(t *testing.T) {
 			}
 			local := netip.AddrPortFrom(netip.MustParseAddr(c.listen), port)
 			cfg := NewConfig()
-			f, err := AttachLocal(local, cfg)
+			f, err := attachLocal(local, cfg)
 			if c.errText != "" {
 				if err == nil || !errors.Is(err, procsock.ErrNoSocket) || !strings.Contains(err.Error(), c.errText) {
 					t.Fatalf("AttachLocal(%s) = %v, want ErrNoSocket naming %q", local, err, c.errText)
@@ -161,12 +161,12 @@ func checkFilters(t *testing.T, sockets []localSocket, conns []syscall.Conn, att
 // TestAttachLocalErrors: port 0 and a closed socket's address are refused, with
 // nothing attached.
 func TestAttachLocalErrors(t *testing.T) {
-	if _, err := AttachLocal(netip.MustParseAddrPort("127.0.0.1:0"), nil); err == nil || !strings.Contains(err.Error(), "port 0") {
+	if _, err := attachLocal(netip.MustParseAddrPort("127.0.0.1:0"), nil); err == nil || !strings.Contains(err.Error(), "port 0") {
 		t.Errorf("port 0: %v", err)
 	}
 	conn, port := listenLocal(t, "udp4", "127.0.0.1", 0)
 	conn.(*net.UDPConn).Close()
-	_, err := AttachLocal(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), nil)
+	_, err := attachLocal(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), nil)
 	if !errors.Is(err, procsock.ErrNoSocket) {
 		t.Errorf("closed socket: %v, want ErrNoSocket", err)
 	}
@@ -177,7 +177,7 @@ func TestAttachLocalErrors(t *testing.T) {
 func TestAttachLocalCloseAfterSocketClosed(t *testing.T) {
 	requireBPF(t)
 	conn, port := listenLocal(t, "udp4", "127.0.0.1", 0)
-	f, err := AttachLocal(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), nil)
+	f, err := attachLocal(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestAttachLocalUnprivilegedFallsBackToClassic(t *testing.T) {
 	checkUnprivileged(t)
 	a, port := listenLocal(t, "udp4", "127.0.0.1", 0)
 	b, _ := listenLocal(t, "udp4", "127.0.0.1", port)
-	f, err := AttachLocal(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), nil)
+	f, err := attachLocal(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), nil)
 	if !errors.Is(err, ErrNotPermitted) || f == nil || f.Mode() != ModeClassic {
 		t.Fatalf("unprivileged AttachLocal: %v, %v; want a classic Filter and ErrNotPermitted", f, err)
 	}
@@ -244,7 +244,7 @@ func TestFilterAttachLocal(t *testing.T) {
 	requireBPF(t)
 	first, port := listenLocal(t, "udp4", "127.0.0.1", 0)
 	local := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
-	f, err := AttachLocal(local, nil)
+	f, err := attachLocal(local, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestFilterAttachLocal(t *testing.T) {
 	if got, _ := procsock.AttachedFilter(second); got != procsock.NoFilter {
 		t.Fatalf("the new socket has %s before Filter.AttachLocal", got)
 	}
-	if err := f.AttachLocal(local); err != nil {
+	if err := f.attachLocal(local); err != nil {
 		t.Fatalf("Filter.AttachLocal: %v", err)
 	}
 	for i, c := range []syscall.Conn{first, second} {
@@ -261,7 +261,7 @@ func TestFilterAttachLocal(t *testing.T) {
 			t.Errorf("socket %d: %s, want the eBPF filter", i, got)
 		}
 	}
-	if err := f.AttachLocal(netip.AddrPortFrom(local.Addr(), 1)); !errors.Is(err, procsock.ErrNoSocket) {
+	if err := f.attachLocal(netip.AddrPortFrom(local.Addr(), 1)); !errors.Is(err, procsock.ErrNoSocket) {
 		t.Errorf("Filter.AttachLocal on a port without sockets: %v, want ErrNoSocket", err)
 	}
 	f.Close()

@@ -26,20 +26,20 @@ var errNotLinux = fmt.Errorf("rrl: socket filters need Linux: %w", ErrNotSupport
 type Filter struct{}
 
 func Attach(conn syscall.Conn, cfg *Config) (*Filter, error)         { return nil, errNotLinux }
-func AttachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) { return nil, errNotLinux }
+func attachLocal(local netip.AddrPort, cfg *Config) (*Filter, error) { return nil, errNotLinux }
 func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) { return nil, errNotLinux }
 func OpenPinned(pinDir string) (*Filter, error)                      { return nil, errNotLinux }
 func LoadPinned(cfg *Config, pinDir string, uid, gid int) error      { return errNotLinux }
 func Unpin(pinDir string) error                                      { return errNotLinux }
 func (f *Filter) Attach(conn syscall.Conn) error                     { return errNotLinux }
-func (f *Filter) AttachLocal(local netip.AddrPort) error             { return errNotLinux }
+func (f *Filter) attachLocal(local netip.AddrPort) error             { return errNotLinux }
 func (f *Filter) Update(cfg *Config) error                           { return errNotLinux }
 func (f *Filter) Mode() FilterMode                                   { return ModeNone }
 func (f *Filter) Close() error                                       { return nil }
 func (f *Filter) Release() error                                     { return nil }
 func (f *Filter) Stats() (FilterStats, error)                        { return FilterStats{}, errNotLinux }
 func (f *Filter) Config() *Config                                    { return nil }
-func (f *Filter) PinDir() string                                     { return "" }
+func (f *Filter) pinPath() string                                     { return "" }
 func (f *Filter) LimitedGroups() ([]GroupRate, error)                { return nil, errNotLinux }
 func (f *Filter) UseCookies(c *Cookies) error                        { return errNotLinux }
 func (f *Filter) HeavyCells(n int) ([]SketchCell, error)             { return nil, errNotLinux }

@@ -565,8 +565,8 @@ func (f *Filter) Config() *Config {
 	return f.cfg.clone()
 }
 
-// PinDir returns the pin directory a filter was opened from ("" when it was not).
-func (f *Filter) PinDir() string {
+// pinPath returns the pin directory a filter was opened from ("" when it was not).
+func (f *Filter) pinPath() string {
 	if f == nil || f.pin == nil {
 		return ""
 	}

@@ -389,12 +389,12 @@ func (p *Protection) useFilterCookies() error {
 		return nil
 	}
 	if p.cookies == nil {
-		if f.PinDir() != "" {
+		if f.pinPath() != "" {
 			return nil // the pins' secrets are the other processes' too
 		}
 		return f.UseCookies(nil)
 	}
-	if f.PinDir() != "" && !p.secretChosen {
+	if f.pinPath() != "" && !p.secretChosen {
 		p.cookieReason = errPinnedSecret
 		return nil
 	}
@@ -433,9 +433,13 @@ func (p *Protection) stopWatch() {
 }
 
 // AttachLocal puts the Protection's kernel filter on every UDP socket of this
-// process bound to local (found as the function AttachLocal finds them; an
-// unspecified address matches every socket on the port), for hosts that open their
-// sockets themselves; call it again for sockets opened later, which it adds.
+// process bound to local, for hosts that open their sockets themselves; call it
+// again for sockets opened later, which it adds. The sockets are found by local
+// address through /proc/self/fd and the namespace's UDP tables: both families, every
+// socket of a SO_REUSEPORT group, a dual-stack socket for an unspecified address; an
+// unspecified address in local matches every socket on the port, port 0 is an error,
+// and TCP sockets never match. The filter follows each socket, not the descriptor it
+// was found through (a reload that keeps a copy of it).
 //
 // When those sockets carry the filter of another Protection of this process (a
 // reload's predecessor) and this one has none yet, it takes that filter over: the
@@ -574,7 +578,7 @@ func (p *Protection) takeOver(pred *Protection, f *Filter) error {
 		return err
 	}
 	p.filter = f
-	if err := p.useFilterCookies(); err != nil && f.PinDir() == "" {
+	if err := p.useFilterCookies(); err != nil && f.pinPath() == "" {
 		p.filter, p.kernelCookies, p.cookieReason = nil, false, nil
 		// The filter stays the predecessor's, on the sockets a new one does not
 		// replace: give it back its Config and secrets.
@@ -593,7 +597,7 @@ func (p *Protection) takeOver(pred *Protection, f *Filter) error {
 		pred.filter = nil
 	}
 	pred.mu.Unlock()
-	p.pinned = f.PinDir()
+	p.pinned = f.pinPath()
 	p.startWatch()
 	return nil
 }

@@ -30,7 +30,7 @@ func TestProtectWithoutFilter(t *testing.T) {
 		t.Errorf("%d of 400 answered: want the Go limiter to hold the burst back", n)
 	}
 	// A filter attached from outside (rrlctl attach, AttachLocal) is left in place.
-	f, err := AttachLocal(dst, cfg)
+	f, err := attachLocal(dst, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,8 +75,8 @@ func TestProtectPinned(t *testing.T) {
 	}
 	p, _ := startProtected(t, nil, WithPinned(dir))
 	st := p.Status()
-	if st.Filter != ModeEBPF || st.Pinned != dir || st.Reason != nil || p.Filter().PinDir() != dir {
-		t.Fatalf("status %v, filter pinned at %q: want the pins of %s", st, p.Filter().PinDir(), dir)
+	if st.Filter != ModeEBPF || st.Pinned != dir || st.Reason != nil || p.Filter().pinPath() != dir {
+		t.Fatalf("status %v, filter pinned at %q: want the pins of %s", st, p.Filter().pinPath(), dir)
 	}
 	if !strings.Contains(p.Filter().Config().String(), `requests-per-second="77"`) {
 		t.Errorf("the pinned filter runs %v, want the pins' requests-per-second 77", p.Filter().Config())
@@ -85,7 +85,7 @@ func TestProtectPinned(t *testing.T) {
 	missing := filepath.Join(env.mnt, "none")
 	q, _ := startProtected(t, nil, WithPinned(missing))
 	st = q.Status()
-	if st.Filter != ModeEBPF || st.Pinned != "" || !errors.Is(st.Reason, fs.ErrNotExist) || q.Filter().PinDir() != "" {
+	if st.Filter != ModeEBPF || st.Pinned != "" || !errors.Is(st.Reason, fs.ErrNotExist) || q.Filter().pinPath() != "" {
 		t.Fatalf("missing pins: status %v", st)
 	}
 	if !strings.Contains(st.String(), "pinned filter not attached") {
