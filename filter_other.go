@@ -39,7 +39,7 @@ func (f *Filter) Close() error                                       { return ni
 func (f *Filter) Release() error                                     { return nil }
 func (f *Filter) Stats() (FilterStats, error)                        { return FilterStats{}, errNotLinux }
 func (f *Filter) Config() *Config                                    { return nil }
-func (f *Filter) pinPath() string                                     { return "" }
+func (f *Filter) pinPath() string                                    { return "" }
 func (f *Filter) LimitedGroups() ([]GroupRate, error)                { return nil, errNotLinux }
 func (f *Filter) UseCookies(c *Cookies) error                        { return errNotLinux }
 func (f *Filter) HeavyCells(n int) ([]SketchCell, error)             { return nil, errNotLinux }
