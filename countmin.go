@@ -137,6 +137,10 @@ func mix64(x uint64) uint64 {
 	return x
 }
 
+// nameMul is an odd multiplier for hashing word by word (names, event keys): 2^64
+// divided by the golden ratio.
+const nameMul = 0x9e3779b97f4a7c15
+
 // sketchHash hashes a node key, two 64-bit words: for a level node the masked
 // source address (an IPv4 address is hi 0, lo the address), for the port node hi 0
 // and lo the source port, for the total node 0 and 0. It is keyed by a per-limiter

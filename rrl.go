@@ -566,8 +566,6 @@ func (r *RRL) hashName(name string) uint64 {
 	return mix64(h)
 }
 
-const nameMul = 0x9e3779b97f4a7c15 // 2^64 divided by the golden ratio, odd
-
 // lower8 folds the ASCII capitals among the eight bytes of w to lower case.
 func lower8(w uint64) uint64 {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
