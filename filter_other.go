@@ -19,7 +19,7 @@ var errNotLinux = fmt.Errorf("rrl: socket filters need Linux: %w", ErrNotSupport
 // The Filter API is documented once, in the Linux files (attach.go, attach_local.go,
 // filter_pin.go, filter_stats.go, filter_types.go, filter_limited.go, filter_cookies.go). Here every
 // call that would attach, open or read a kernel filter returns errNotLinux, Mode is
-// ModeNone, Config is nil, PinDir is "" and Close does nothing.
+// ModeNone, Config is nil and Close does nothing.
 
 // Filter is the kernel filter, which needs Linux: on this platform no Filter is
 // ever attached.
