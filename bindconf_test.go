@@ -221,9 +221,9 @@ func TestBINDErrors(t *testing.T) {
 		{"ipv4-request-levels \"32:1 8:x\";", 1, "ipv4-request-levels"},
 	} {
 		_, err := ParseBINDRateLimit(tc.text, nil)
-		var be *BINDConfigError
-		if !errors.As(err, &be) {
-			t.Errorf("%q: error %v, want a BINDConfigError", tc.text, err)
+		var be *ConfigError
+		if !errors.As(err, &be) || be.Line < 1 {
+			t.Errorf("%q: error %v, want a ConfigError with its line", tc.text, err)
 			continue
 		}
 		if be.Line != tc.line || !strings.Contains(err.Error(), tc.msg) ||
@@ -255,7 +255,7 @@ func FuzzParseBINDRateLimit(f *testing.F) {
 	f.Fuzz(func(t *testing.T, text string) {
 		cfg, err := ParseBINDRateLimit(text, nil)
 		if err != nil {
-			var be *BINDConfigError
+			var be *ConfigError
 			if !errors.As(err, &be) || be.Line < 1 || be.Line > strings.Count(text, "\n")+1 {
 				t.Fatalf("%q: error %v without a line in the text", text, err)
 			}
