@@ -41,10 +41,10 @@ import (
 // a second secret besides the first (the first makes the cookies). No error message
 // quotes a secret.
 //
-// Anything else is an error naming its line (a ConfigError with its Line): an unknown option, a value out of range,
-// an address match list element that is not an address or prefix (an ACL name such as
-// localhost or any, a negation, a key, a nested list: this package has no ACLs), a
-// repeated option, or a missing semicolon or brace.
+// Anything else is an error naming its line, a ConfigError with its Line: an unknown
+// option, a value out of range, an address match list element that is not an address
+// or prefix (an ACL name such as localhost or any, a negation, a key, a nested list:
+// this package has no ACLs), a repeated option, or a missing semicolon or brace.
 
 // ParseBINDRateLimit applies the rate-limit clause in text (the whole clause,
 // "rate-limit { ... };", or only the statements between its braces) to a copy of base
