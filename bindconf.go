@@ -41,29 +41,15 @@ import (
 // a second secret besides the first (the first makes the cookies). No error message
 // quotes a secret.
 //
-// Anything else is an error naming its line: an unknown option, a value out of range,
-// an address match list element that is not an address or prefix (an ACL name such as
-// localhost or any, a negation, a key, a nested list: this package has no ACLs), a
-// repeated option, or a missing semicolon or brace.
-
-// BINDConfigError is the error of ParseBINDRateLimit: what is wrong and on which line
-// (counted from 1).
-type BINDConfigError struct {
-	Line int
-	Msg  string
-	Err  error // the SetValue error behind it, if any
-}
-
-func (e *BINDConfigError) Error() string {
-	return fmt.Sprintf("rrl: rate-limit clause, line %d: %s", e.Line, e.Msg)
-}
-
-func (e *BINDConfigError) Unwrap() error { return e.Err }
+// Anything else is an error naming its line, a ConfigError with its Line: an unknown
+// option, a value out of range, an address match list element that is not an address
+// or prefix (an ACL name such as localhost or any, a negation, a key, a nested list:
+// this package has no ACLs), a repeated option, or a missing semicolon or brace.
 
 // ParseBINDRateLimit applies the rate-limit clause in text (the whole clause,
 // "rate-limit { ... };", or only the statements between its braces) to a copy of base
 // (NewConfig() when nil) and returns it. Options the clause does not set keep base's
-// values. See BINDConfigError for errors.
+// values. An error is a ConfigError with the line (Line above 0).
 func ParseBINDRateLimit(text string, base *Config) (*Config, error) {
 	if base == nil {
 		base = NewConfig()
@@ -80,49 +66,58 @@ func ParseBINDRateLimit(text string, base *Config) (*Config, error) {
 }
 
 // FormatBINDRateLimit returns cfg's response rate limiting settings as a BIND
-// rate-limit clause that ParseBINDRateLimit reads back into the same settings. Settings
-// BIND does not have (requests-per-second, the request levels...) are not included.
+// rate-limit clause that ParseBINDRateLimit reads back into the same settings: the
+// options of the keywords BIND has, in the order of Config's documentation, an
+// allowance not set (which follows responses-per-second) and an empty exempt-clients
+// left out. Settings BIND does not have (requests-per-second, the request levels...)
+// are not included, nor is the cookie secret. BIND writes integers: a fractional rate
+// is written as it is, and ParseBINDRateLimit refuses it as BIND would.
 func FormatBINDRateLimit(cfg *Config) string {
 	var b strings.Builder
-	num := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 	b.WriteString("rate-limit {\n")
-	line := func(kw, v string) { fmt.Fprintf(&b, "\t%s %s;\n", kw, v) }
-	line("responses-per-second", num(cfg.responsesPerSecond))
-	for _, o := range []struct {
-		kw  string
-		v   float64
-		set bool
-	}{
-		{"referrals-per-second", cfg.referralsPerSecond, cfg.referralsSet},
-		{"nodata-per-second", cfg.nodataPerSecond, cfg.nodataSet},
-		{"nxdomains-per-second", cfg.nxdomainsPerSecond, cfg.nxdomainsSet},
-		{"errors-per-second", cfg.errorsPerSecond, cfg.errorsSet},
-	} {
-		if o.set {
-			line(o.kw, num(o.v))
+	for _, k := range keywords {
+		if k.bind == "" || k.secret {
+			continue
 		}
-	}
-	line("all-per-second", num(cfg.allPerSecond))
-	line("qps-scale", num(cfg.qpsScale))
-	line("window", strconv.FormatInt(cfg.window, 10))
-	line("ipv4-prefix-length", strconv.Itoa(cfg.ipv4PrefixLength))
-	line("ipv6-prefix-length", strconv.Itoa(cfg.ipv6PrefixLength))
-	line("slip", strconv.Itoa(cfg.slipRatio))
-	line("max-table-size", strconv.Itoa(cfg.maxTableSize))
-	line("log-only", map[bool]string{true: "yes", false: "no"}[cfg.reportOnly])
-	if len(cfg.exempt) > 0 {
-		b.WriteString("\texempt-clients {")
-		for _, p := range cfg.exempt {
-			if p.IsSingleIP() {
-				fmt.Fprintf(&b, " %v;", p.Addr())
-			} else {
-				fmt.Fprintf(&b, " %v;", p)
-			}
+		v, ok := k.get(cfg)
+		if !ok {
+			continue
 		}
-		b.WriteString(" };\n")
+		if v = k.bindForm.format(v); v != "" {
+			fmt.Fprintf(&b, "\t%s %s;\n", k.bind, v)
+		}
 	}
 	b.WriteString("};\n")
 	return b.String()
+}
+
+// format writes a value as Values prints it in BIND's syntax of the form; "" for an
+// empty list.
+func (f bindForm) format(v string) string {
+	switch f {
+	case bindBoolean:
+		if b, _ := strconv.ParseBool(v); b {
+			return "yes"
+		}
+		return "no"
+	case bindAddresses:
+		var b strings.Builder
+		for _, s := range splitList(v) {
+			if p, err := netip.ParsePrefix(s); err == nil && p.IsSingleIP() {
+				s = p.Addr().String()
+			}
+			fmt.Fprintf(&b, " %s;", s)
+		}
+		if b.Len() == 0 {
+			return ""
+		}
+		return "{" + b.String() + " }"
+	}
+	// An integer: Values may print a large one with an exponent (1e+07).
+	if r, err := strconv.ParseFloat(v, 64); err == nil {
+		return strconv.FormatFloat(r, 'f', -1, 64)
+	}
+	return v
 }
 
 // bindKeyword returns the keyword of the BIND option named name: a keyword whose
@@ -175,7 +170,7 @@ func bindTokens(text string) ([]bindToken, error) {
 			start := line
 			end := strings.Index(text[i+2:], "*/")
 			if end < 0 {
-				return nil, &BINDConfigError{Line: start, Msg: "comment /* is not closed"}
+				return nil, &ConfigError{Line: start, Reason: "comment /* is not closed"}
 			}
 			line += strings.Count(text[i:i+2+end], "\n")
 			i += 2 + end + 2
@@ -185,7 +180,7 @@ func bindTokens(text string) ([]bindToken, error) {
 		case c == '"':
 			end := strings.IndexAny(text[i+1:], "\"\n")
 			if end < 0 || text[i+1+end] != '"' {
-				return nil, &BINDConfigError{Line: line, Msg: "quoted string is not closed on its line"}
+				return nil, &ConfigError{Line: line, Reason: "quoted string is not closed on its line"}
 			}
 			toks = append(toks, bindToken{text: text[i+1 : i+1+end], quoted: true, line: line})
 			i += end + 2
@@ -211,7 +206,13 @@ type bindParser struct {
 }
 
 func (p *bindParser) errorf(line int, format string, args ...any) error {
-	return &BINDConfigError{Line: line, Msg: fmt.Sprintf(format, args...)}
+	return &ConfigError{Line: line, Reason: fmt.Sprintf(format, args...)}
+}
+
+// valueError is the error of the value of keyword k's option: value is quoted as the
+// clause writes it (never a secret: see cookieSecret), err is SetValue's error if any.
+func (p *bindParser) valueError(line int, k keyword, value string, err error, format string, args ...any) error {
+	return &ConfigError{Line: line, Keyword: k.name, Value: value, Reason: fmt.Sprintf(format, args...), Err: err}
 }
 
 // next returns the next token, or an error at the last line for the end of input.
@@ -303,8 +304,9 @@ func (p *bindParser) statements(braced bool) error {
 
 // option parses the value of the option named by kw and its semicolon.
 func (p *bindParser) option(kw bindToken) error {
-	if kw.text == "exempt-clients" {
-		return p.exemptClients(kw)
+	k, isBIND, known := bindKeyword(kw.text)
+	if known && isBIND && k.bindForm == bindAddresses {
+		return p.addressList(kw, k)
 	}
 	v, err := p.next("a value")
 	if err != nil {
@@ -316,9 +318,13 @@ func (p *bindParser) option(kw bindToken) error {
 	if err := p.expect(";"); err != nil {
 		return err
 	}
-	set := func(keyword, value string) error {
-		if err := p.cfg.SetValue(keyword, value); err != nil {
-			return &BINDConfigError{Line: v.line, Msg: fmt.Sprintf("%s %s: %v", kw.text, value, reason(err)), Err: err}
+	set := func(value string) error {
+		if err := p.cfg.SetValue(k.name, value); err != nil {
+			shown := value
+			if k.secret {
+				shown = redacted
+			}
+			return p.valueError(v.line, k, shown, err, "%s %s: %v", kw.text, shown, reason(err))
 		}
 		return nil
 	}
@@ -329,24 +335,22 @@ func (p *bindParser) option(kw bindToken) error {
 		}
 		return nil
 	}
-	k, isBIND, ok := bindKeyword(kw.text)
 	switch {
-	case !ok:
-	case isBIND && k.fromBIND != nil:
-		b, ok := k.fromBIND(v.text)
+	case !known:
+		return p.errorf(kw.line, "unknown or unsupported option %q", kw.text)
+	case !isBIND:
+		return set(v.text)
+	case k.bindForm == bindBoolean:
+		b, ok := bindBool(v.text)
 		if !ok || v.quoted {
-			return p.errorf(v.line, "%s takes a boolean (yes or no), found %q", kw.text, v.text)
+			return p.valueError(v.line, k, v.text, nil, "%s takes a boolean (yes or no), found %q", kw.text, v.text)
 		}
-		return set(k.name, b)
-	case isBIND:
-		if _, err := strconv.ParseUint(v.text, 10, 32); err != nil || v.quoted {
-			return p.errorf(v.line, "%s takes an integer, found %q", kw.text, v.text)
-		}
-		return set(k.name, v.text)
-	default:
-		return set(k.name, v.text)
+		return set(b)
 	}
-	return p.errorf(kw.line, "unknown or unsupported option %q", kw.text)
+	if _, err := strconv.ParseUint(v.text, 10, 32); err != nil || v.quoted {
+		return p.valueError(v.line, k, v.text, nil, "%s takes an integer, found %q", kw.text, v.text)
+	}
+	return set(v.text)
 }
 
 // cookieSecret parses one cookie-secret statement: a secret and its semicolon,
@@ -369,7 +373,8 @@ func (p *bindParser) cookieSecret(kw bindToken) error {
 	}
 	p.secrets = append(p.secrets, v.text)
 	if err := p.cfg.SetValue("cookie-secret", strings.Join(p.secrets, " ")); err != nil {
-		return &BINDConfigError{Line: v.line, Msg: "cookie-secret: " + reason(err), Err: err}
+		return &ConfigError{Line: v.line, Keyword: "cookie-secret", Value: redacted,
+			Reason: "cookie-secret: " + reason(err), Err: err}
 	}
 	return nil
 }
@@ -382,8 +387,9 @@ func reason(err error) string {
 	return err.Error()
 }
 
-// exemptClients parses "{ element; ... };" of addresses and prefixes.
-func (p *bindParser) exemptClients(kw bindToken) error {
+// addressList parses the address match list of k's option kw, "{ element; ... };"
+// of addresses and prefixes (exempt-clients).
+func (p *bindParser) addressList(kw bindToken, k keyword) error {
 	if err := p.expect("{"); err != nil {
 		return err
 	}
@@ -397,11 +403,11 @@ func (p *bindParser) exemptClients(kw bindToken) error {
 			break
 		}
 		if isMark(t) {
-			return p.errorf(t.line, "exempt-clients: want an address or prefix, found %q", t.text)
+			return p.valueError(t.line, k, t.text, nil, "%s: want an address or prefix, found %q", kw.text, t.text)
 		}
 		pfx, err := bindPrefix(t.text)
 		if err != nil || t.quoted {
-			return p.errorf(t.line, "exempt-clients: %q is not an address or prefix (ACL names, negations, keys and nested lists are not supported)", t.text)
+			return p.valueError(t.line, k, t.text, nil, "%s: %q is not an address or prefix (ACL names, negations, keys and nested lists are not supported)", kw.text, t.text)
 		}
 		prefixes = append(prefixes, pfx)
 		if err := p.expect(";"); err != nil {
@@ -415,8 +421,9 @@ func (p *bindParser) exemptClients(kw bindToken) error {
 	for i, pfx := range prefixes {
 		list[i] = pfx.String()
 	}
-	if err := p.cfg.SetValue("exempt-clients", strings.Join(list, " ")); err != nil {
-		return &BINDConfigError{Line: kw.line, Msg: "exempt-clients: " + reason(err), Err: err}
+	value := strings.Join(list, " ")
+	if err := p.cfg.SetValue(k.name, value); err != nil {
+		return p.valueError(kw.line, k, value, err, "%s: %s", kw.text, reason(err))
 	}
 	return nil
 }

@@ -221,9 +221,9 @@ func TestBINDErrors(t *testing.T) {
 		{"ipv4-request-levels \"32:1 8:x\";", 1, "ipv4-request-levels"},
 	} {
 		_, err := ParseBINDRateLimit(tc.text, nil)
-		var be *BINDConfigError
-		if !errors.As(err, &be) {
-			t.Errorf("%q: error %v, want a BINDConfigError", tc.text, err)
+		var be *ConfigError
+		if !errors.As(err, &be) || be.Line < 1 {
+			t.Errorf("%q: error %v, want a ConfigError with its line", tc.text, err)
 			continue
 		}
 		if be.Line != tc.line || !strings.Contains(err.Error(), tc.msg) ||
@@ -255,7 +255,7 @@ func FuzzParseBINDRateLimit(f *testing.F) {
 	f.Fuzz(func(t *testing.T, text string) {
 		cfg, err := ParseBINDRateLimit(text, nil)
 		if err != nil {
-			var be *BINDConfigError
+			var be *ConfigError
 			if !errors.As(err, &be) || be.Line < 1 || be.Line > strings.Count(text, "\n")+1 {
 				t.Fatalf("%q: error %v without a line in the text", text, err)
 			}
@@ -270,4 +270,92 @@ func FuzzParseBINDRateLimit(f *testing.F) {
 			t.Fatalf("%q: round trip changed\n%s\n%s", text, FormatBINDRateLimit(cfg), FormatBINDRateLimit(again))
 		}
 	})
+}
+
+// TestBINDFormatEveryKeyword: FormatBINDRateLimit writes every keyword with a BIND
+// spelling, with its example value, in BIND's syntax, and ParseBINDRateLimit reads it
+// back; each alone and all together. Keywords without a BIND spelling and the cookie
+// secret are not written.
+func TestBINDFormatEveryKeyword(t *testing.T) {
+	all := NewConfig()
+	for _, k := range keywords {
+		c := configAfter(t, k.name, k.example)
+		if err := all.SetValue(k.name, k.example); err != nil {
+			t.Fatal(err)
+		}
+		text := FormatBINDRateLimit(c)
+		written := strings.Contains(text, "\t"+k.bind+" ")
+		if k.bind == "" || k.secret {
+			if text != FormatBINDRateLimit(NewConfig()) {
+				t.Errorf("%s, which BIND has not, written:\n%s", k.name, text)
+			}
+			continue
+		}
+		if !written {
+			t.Errorf("%s: %s not written:\n%s", k.name, k.bind, text)
+		}
+		got, err := ParseBINDRateLimit(text, nil)
+		if err != nil {
+			t.Errorf("%s: %v\n%s", k.name, err, text)
+			continue
+		}
+		if !sameValues(got, c) {
+			t.Errorf("%s: round trip\n%s\n got %v\nwant %v", k.name, text, got.Values(), c.Values())
+		}
+	}
+	text := FormatBINDRateLimit(all)
+	noSecret(t, "FormatBINDRateLimit", text)
+	if strings.Contains(text, "000102030405060708090a0b0c0d0e0f") || strings.Contains(text, "cookie") {
+		t.Errorf("the cookie secret written:\n%s", text)
+	}
+	got, err := ParseBINDRateLimit(text, nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	// What BIND has comes back; the rest is the default.
+	want := NewConfig()
+	for _, k := range keywords {
+		if k.bind != "" && !k.secret {
+			want.SetValue(k.name, k.example)
+		}
+	}
+	if !sameValues(got, want) {
+		t.Errorf("all keywords:\n%s\n got %v\nwant %v", text, got.Values(), want.Values())
+	}
+}
+
+// TestBINDFormatForms: BIND's syntax of each form of value: booleans yes and no,
+// exempt-clients as an address match list with single addresses bare (an empty one
+// left out), integers without exponent, allowances not set left out.
+func TestBINDFormatForms(t *testing.T) {
+	for _, tc := range []struct {
+		kv       []string
+		has, not []string
+	}{
+		{nil, []string{"\tlog-only no;\n", "\tresponses-per-second 0;\n", "\tall-per-second 0;\n"},
+			[]string{"exempt-clients", "nodata-per-second", "nxdomains-per-second", "referrals-per-second", "errors-per-second"}},
+		{[]string{"report-only", "true", "nodata-per-second", "0", "responses-per-second", "10000000", "qps-scale", "1234567"},
+			[]string{"\tlog-only yes;\n", "\tnodata-per-second 0;\n", "\tresponses-per-second 10000000;\n", "\tqps-scale 1234567;\n"},
+			[]string{"nxdomains-per-second", "e+"}},
+		{[]string{"exempt-clients", "192.0.2.1 10.0.0.0/8 2001:db8::1 2001:db8:1::/48 ::ffff:198.51.100.7"},
+			[]string{"\texempt-clients { 192.0.2.1; 10.0.0.0/8; 2001:db8::1; 2001:db8:1::/48; 198.51.100.7; };\n"},
+			[]string{"/32", "/128"}},
+	} {
+		cfg := configAfter(t, tc.kv...)
+		text := FormatBINDRateLimit(cfg)
+		for _, s := range tc.has {
+			if !strings.Contains(text, s) {
+				t.Errorf("%v: %q not in\n%s", tc.kv, s, text)
+			}
+		}
+		for _, s := range tc.not {
+			if strings.Contains(text, s) {
+				t.Errorf("%v: %q in\n%s", tc.kv, s, text)
+			}
+		}
+		got, err := ParseBINDRateLimit(text, nil)
+		if err != nil || !sameValues(got, cfg) {
+			t.Errorf("%v: round trip: %v\n%s", tc.kv, err, text)
+		}
+	}
 }

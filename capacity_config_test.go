@@ -86,7 +86,7 @@ func TestCapacityBINDClause(t *testing.T) {
 		"rate-limit {\n\tresponses-per-second 5;\n\tcapacity sometimes;\n};",
 	} {
 		got, err := ParseBINDRateLimit(text, base)
-		var be *BINDConfigError
+		var be *ConfigError
 		if got != nil || !errors.As(err, &be) || be.Line != 3 || !strings.Contains(err.Error(), "capacity") {
 			t.Errorf("%q: %v, %v; want an error on line 3 naming capacity", text, got, err)
 		}

@@ -165,31 +165,51 @@ func ConfigKeywords() []string {
 	return out
 }
 
-// keyword is one configuration keyword: how SetValue parses it into a Config and how
-// Values prints it back. Adding a keyword is adding one entry to keywords (and a line
-// to the Config doc); SetValue, ConfigKeywords, Values, the BIND clause parser, the
-// CoreDNS plugin's Corefile parser and the example server's flags follow from it.
+// keyword is one configuration keyword: how SetValue parses it into a Config, how
+// Values prints it back, which values of a Config are in range and how BIND spells
+// it. Adding a keyword is adding one entry to keywords (and a line to the Config
+// doc); SetValue, ConfigKeywords, Values, New's and NewRRL's range checks, the BIND
+// clause parser and FormatBINDRateLimit, the CoreDNS plugin's Corefile parser and the
+// example server's flags follow from it.
 type keyword struct {
 	name string
 	// set parses the value (trimmed of spaces) into c; its error is the reason.
 	set func(c *Config, v string) error
 	// get prints c's value, false when it is left out (an unset allowance).
 	get func(c *Config) (string, bool)
+	// check reports why c's value is one set would not give (the reason), nil when
+	// it is in range: a Config is a plain struct, which a zero Config literal, or
+	// code of this package, fills without set. New refuses such a Config naming
+	// the keyword. nil: every value is in range.
+	check func(c *Config) error
+	// reset replaces c's value by def's, a fresh NewConfig(): NewRRL's repair of
+	// what check refuses. The value only: an allowance keeps its set flag. Every
+	// keyword with a check has one.
+	reset func(c, def *Config)
 	// secret marks a value never printed nor quoted in an error.
 	secret bool
 	// bind is the spelling of BIND 9's rate-limit option of the same meaning, "" for
 	// this package's extensions (accepted in a BIND clause under their own name).
 	bind string
-	// fromBIND converts a BIND value of the option to SetValue's; nil: BIND's
-	// integer, as it is.
-	fromBIND func(v string) (string, bool)
+	// bindForm is how BIND writes the option's value (with bind).
+	bindForm bindForm
 	// example is a valid value other than the default, for tests.
 	example string
 }
 
+// bindForm is the syntax of a BIND option's value.
+type bindForm int
+
+const (
+	bindInteger   bindForm = iota // an unsigned integer
+	bindBoolean                   // yes or no (also true, false, 1, 0)
+	bindAddresses                 // an address match list: { 192.0.2.1; 2001:db8::/32; }
+)
+
 // keywords is the table of configuration keywords, in documentation order. The
 // prefix lengths come before the request levels, which are checked against them:
-// with the default levels (two), a prefix length can always be set.
+// with the default levels (two), a prefix length can always be set, and NewRRL,
+// which repairs in this order, checks the levels against a repaired prefix length.
 var keywords = []keyword{
 	intKeyword("window", 1, 3600, func(c *Config) *int64 { return &c.window }, "window", "5"),
 	prefixKeyword("ipv4-prefix-length", 32),
@@ -200,9 +220,7 @@ var keywords = []keyword{
 	rateKeyword("referrals-per-second", func(c *Config) (*float64, *bool) { return &c.referralsPerSecond, &c.referralsSet }, "referrals-per-second"),
 	rateKeyword("errors-per-second", func(c *Config) (*float64, *bool) { return &c.errorsPerSecond, &c.errorsSet }, "errors-per-second"),
 	rateKeyword("requests-per-second", func(c *Config) (*float64, *bool) { return &c.requestsPerSecond, nil }, ""),
-	{name: "slip-ratio", bind: "slip", example: "3",
-		set: func(c *Config, v string) (err error) { c.slipRatio, err = parseInt(v, 0, 10); return err },
-		get: func(c *Config) (string, bool) { return strconv.Itoa(c.slipRatio), true }},
+	intKeyword("slip-ratio", 0, 10, func(c *Config) *int { return &c.slipRatio }, "slip", "3"),
 	{name: "max-table-size", bind: "max-table-size", example: "5000",
 		set: func(c *Config, v string) error {
 			n, err := parseInt(v, 0, maxTableSize)
@@ -215,8 +233,11 @@ var keywords = []keyword{
 			c.maxTableSize = n
 			return nil
 		},
-		get: func(c *Config) (string, bool) { return strconv.Itoa(c.maxTableSize), true }},
-	{name: "report-only", bind: "log-only", example: "true", fromBIND: bindBool,
+		get: func(c *Config) (string, bool) { return strconv.Itoa(c.maxTableSize), true },
+		// 0, which set reads as the default, is never the table's size.
+		check: func(c *Config) error { return checkInt(c.maxTableSize, 1, maxTableSize) },
+		reset: resetField(func(c *Config) *int { return &c.maxTableSize })},
+	{name: "report-only", bind: "log-only", bindForm: bindBoolean, example: "true",
 		set: func(c *Config, v string) error {
 			b := true
 			if v != "" {
@@ -229,7 +250,7 @@ var keywords = []keyword{
 			return nil
 		},
 		get: func(c *Config) (string, bool) { return strconv.FormatBool(c.reportOnly), true }},
-	{name: "exempt-clients", bind: "exempt-clients", example: "192.0.2.0/24 2001:db8::1/128",
+	{name: "exempt-clients", bind: "exempt-clients", bindForm: bindAddresses, example: "192.0.2.0/24 2001:db8::1/128",
 		set: func(c *Config, v string) (err error) {
 			p, err := parsePrefixes(v)
 			if err == nil {
@@ -243,7 +264,16 @@ var keywords = []keyword{
 				s[i] = p.String()
 			}
 			return strings.Join(s, " "), true
-		}},
+		},
+		check: func(c *Config) error {
+			for _, p := range c.exempt {
+				if !p.IsValid() {
+					return errors.New("not a valid prefix")
+				}
+			}
+			return nil
+		},
+		reset: resetField(func(c *Config) *[]netip.Prefix { return &c.exempt })},
 	rateKeyword("all-per-second", func(c *Config) (*float64, *bool) { return &c.allPerSecond, nil }, "all-per-second"),
 	rateKeyword("qps-scale", func(c *Config) (*float64, *bool) { return &c.qpsScale, nil }, "qps-scale"),
 	levelsKeyword("ipv4-request-levels", 32, "32:1 24:4"),
@@ -256,7 +286,9 @@ var keywords = []keyword{
 			}
 			return err
 		},
-		get: func(c *Config) (string, bool) { return formatNum(c.sourcePortFactor), true }},
+		get:   func(c *Config) (string, bool) { return formatNum(c.sourcePortFactor), true },
+		check: func(c *Config) error { return checkFactor(c.sourcePortFactor) },
+		reset: resetField(func(c *Config) *float64 { return &c.sourcePortFactor })},
 	rateKeyword("total-requests-per-second", func(c *Config) (*float64, *bool) { return &c.totalRequests, nil }, ""),
 	{name: "reflection-ports", example: "0 19",
 		set: func(c *Config, v string) error {
@@ -264,9 +296,8 @@ var keywords = []keyword{
 			if err != nil {
 				return err
 			}
-			if len(ports) > maxReflectionPorts {
-				// The classic prefilter compares the source port with each of them.
-				return fmt.Errorf("%d ports, at most %d", len(ports), maxReflectionPorts)
+			if err := checkPortCount(ports); err != nil {
+				return err
 			}
 			c.reflectionPorts = ports
 			return nil
@@ -277,7 +308,9 @@ var keywords = []keyword{
 				s[i] = strconv.Itoa(int(p))
 			}
 			return strings.Join(s, " "), true
-		}},
+		},
+		check: func(c *Config) error { return checkPortCount(c.reflectionPorts) },
+		reset: resetField(func(c *Config) *[]uint16 { return &c.reflectionPorts })},
 	{name: "cookie-secret", secret: true, example: "000102030405060708090a0b0c0d0e0f",
 		set: func(c *Config, v string) (err error) {
 			cs, err := parseSecrets(v)
@@ -297,30 +330,44 @@ var keywords = []keyword{
 		},
 		get: func(c *Config) (string, bool) {
 			// Off is the default, and no value says it: the keyword is left out.
-			if c.capacity > 0 {
-				return formatNum(c.capacity), true
+			if c.capacity == capacityAuto {
+				return "auto", true
 			}
-			return "auto", c.capacity != 0
-		}},
+			return formatNum(c.capacity), c.capacity != 0
+		},
+		check: func(c *Config) error {
+			if c.capacity == 0 || c.capacity == capacityAuto { // off, auto
+				return nil
+			}
+			return checkCapacity(c.capacity)
+		},
+		reset: resetField(func(c *Config) *float64 { return &c.capacity })},
 }
 
 func formatNum(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 
+// resetField returns a keyword's reset of the field f gives.
+func resetField[T any](f func(*Config) *T) func(c, def *Config) {
+	return func(c, def *Config) { *f(c) = *f(def) }
+}
+
 // intKeyword is an integer between lo and hi.
-func intKeyword(name string, lo, hi int, field func(*Config) *int64, bind, example string) keyword {
+func intKeyword[T int | int64](name string, lo, hi int, field func(*Config) *T, bind, example string) keyword {
 	return keyword{name: name, bind: bind, example: example,
 		set: func(c *Config, v string) error {
 			n, err := parseInt(v, lo, hi)
 			if err == nil {
-				*field(c) = int64(n)
+				*field(c) = T(n)
 			}
 			return err
 		},
-		get: func(c *Config) (string, bool) { return strconv.FormatInt(*field(c), 10), true }}
+		get:   func(c *Config) (string, bool) { return strconv.FormatInt(int64(*field(c)), 10), true },
+		check: func(c *Config) error { return checkInt(*field(c), lo, hi) },
+		reset: resetField(field)}
 }
 
 // rateKeyword is a rate; when field gives a set flag, the value is left out of
-// Values until set.
+// Values until set. Out of range, NewRRL resets the rate to 0 and keeps the flag.
 func rateKeyword(name string, field func(*Config) (*float64, *bool), bind string) keyword {
 	return keyword{name: name, bind: bind, example: "7",
 		set: func(c *Config, v string) error {
@@ -338,6 +385,15 @@ func rateKeyword(name string, field func(*Config) (*float64, *bool), bind string
 		get: func(c *Config) (string, bool) {
 			f, set := field(c)
 			return formatNum(*f), set == nil || *set
+		},
+		check: func(c *Config) error {
+			f, _ := field(c)
+			return checkRate(*f)
+		},
+		reset: func(c, def *Config) {
+			f, _ := field(c)
+			d, _ := field(def)
+			*f = *d
 		}}
 }
 
@@ -359,6 +415,16 @@ func prefixKeyword(name string, bitLen int) keyword {
 		get: func(c *Config) (string, bool) {
 			_, cn := c.familyLevels(bitLen)
 			return strconv.Itoa(*cn), true
+		},
+		// The number of levels with this one is the request levels' check.
+		check: func(c *Config) error {
+			_, cn := c.familyLevels(bitLen)
+			return checkInt(*cn, 1, bitLen)
+		},
+		reset: func(c, def *Config) {
+			_, cn := c.familyLevels(bitLen)
+			_, d := def.familyLevels(bitLen)
+			*cn = *d
 		}}
 }
 
@@ -384,6 +450,15 @@ func levelsKeyword(name string, bitLen int, example string) keyword {
 				s[i] = strconv.Itoa(l.PrefixLen) + ":" + formatNum(l.Factor)
 			}
 			return strings.Join(s, " "), true
+		},
+		check: func(c *Config) error {
+			levels, cn := c.familyLevels(bitLen)
+			return checkLevels(*levels, bitLen, *cn)
+		},
+		reset: func(c, def *Config) {
+			levels, _ := c.familyLevels(bitLen)
+			d, _ := def.familyLevels(bitLen)
+			*levels = slices.Clone(*d)
 		}}
 }
 
@@ -448,21 +523,41 @@ func parseSecrets(s string) (*configSecrets, error) {
 	return cs, nil
 }
 
-// ConfigError is the error SetValue returns for a bad keyword or value.
+// ConfigError is the error of a configuration: of SetValue for a bad keyword or
+// value, of New (and the Update methods) for each keyword of a Config out of range
+// (joined with errors.Join), and of ParseBINDRateLimit, with the line of the clause.
+// No ConfigError quotes a cookie secret.
 type ConfigError struct {
-	Keyword, Value string
-	Reason         string
+	// Line is the line (counted from 1) of ParseBINDRateLimit's text; 0 for an
+	// error not about a clause.
+	Line int
+	// Keyword is the keyword (see Config) the error is about; "" for a clause's
+	// syntax error or unknown option.
+	Keyword string
+	// Value is the value refused ([redacted] for a cookie secret), as the
+	// keyword's, or as the clause writes it; "" when not one value.
+	Value string
+	// Reason says what is wrong. For a clause (Line > 0) it is the whole message,
+	// naming the option as the clause spells it.
+	Reason string
+	// Err is the error behind it, if any: in a clause, SetValue's.
+	Err error
 }
 
 func (e *ConfigError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("rrl: rate-limit clause, line %d: %s", e.Line, e.Reason)
+	}
 	return fmt.Sprintf("rrl: %s=%q: %s", e.Keyword, e.Value, e.Reason)
 }
+
+func (e *ConfigError) Unwrap() error { return e.Err }
 
 // SetValue sets the keyword to value. See Config for the keywords and their ranges.
 func (c *Config) SetValue(keyword, value string) error {
 	k, ok := lookupKeyword(keyword)
 	if !ok {
-		return &ConfigError{keyword, value, "unknown keyword"}
+		return &ConfigError{Keyword: keyword, Value: value, Reason: "unknown keyword"}
 	}
 	// Parse into a copy so that a refused value leaves c unchanged.
 	d := *c
@@ -470,7 +565,7 @@ func (c *Config) SetValue(keyword, value string) error {
 		if k.secret {
 			value = redacted
 		}
-		return &ConfigError{keyword, value, err.Error()}
+		return &ConfigError{Keyword: keyword, Value: value, Reason: err.Error()}
 	}
 	*c = d
 	return nil
@@ -594,21 +689,34 @@ func parseInt(s string, lo, hi int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("not an integer")
 	}
-	if n < lo || n > hi {
-		return 0, fmt.Errorf("must be between %d and %d", lo, hi)
+	return n, checkInt(n, lo, hi)
+}
+
+// checkInt is the range check of an integer keyword.
+func checkInt[T int | int64](n T, lo, hi int) error {
+	if int64(n) < int64(lo) || int64(n) > int64(hi) {
+		return fmt.Errorf("must be between %d and %d", lo, hi)
 	}
-	return n, nil
+	return nil
 }
 
 func parseRate(s string) (float64, error) {
 	r, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(r) || math.IsInf(r, 0) {
+	if err != nil {
 		return 0, fmt.Errorf("not a number")
 	}
-	if r < 0 || r > maxRate {
-		return 0, fmt.Errorf("must be between 0 and %d", maxRate)
+	return r, checkRate(r)
+}
+
+// checkRate is the range check of a rate.
+func checkRate(r float64) error {
+	if math.IsNaN(r) || math.IsInf(r, 0) {
+		return fmt.Errorf("not a number")
 	}
-	return r, nil
+	if r < 0 || r > maxRate {
+		return fmt.Errorf("must be between 0 and %d", maxRate)
+	}
+	return nil
 }
 
 // parseCapacity reads the capacity keyword's value: auto, or a rate above 0.
@@ -620,21 +728,34 @@ func parseCapacity(s string) (float64, error) {
 	if err != nil || math.IsNaN(r) || math.IsInf(r, 0) {
 		return 0, fmt.Errorf("want auto or a number of queries per second")
 	}
-	if r <= 0 || r > maxRate {
-		return 0, fmt.Errorf("must be auto or above 0 and at most %d", maxRate)
+	return r, checkCapacity(r)
+}
+
+// checkCapacity is the range check of the capacity keyword's rate.
+func checkCapacity(r float64) error {
+	if !(r > 0 && r <= maxRate) { // NaN too
+		return fmt.Errorf("must be auto or above 0 and at most %d", maxRate)
 	}
-	return r, nil
+	return nil
 }
 
 func parseFactor(s string) (float64, error) {
 	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+	if err != nil {
 		return 0, fmt.Errorf("not a number")
 	}
-	if f < 0 || f > 1_000_000 {
-		return 0, fmt.Errorf("factor must be between 0 and 1000000")
+	return f, checkFactor(f)
+}
+
+// checkFactor is the range check of a request level's or the source port's factor.
+func checkFactor(f float64) error {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return fmt.Errorf("not a number")
 	}
-	return f, nil
+	if f < 0 || f > 1_000_000 {
+		return fmt.Errorf("factor must be between 0 and 1000000")
+	}
+	return nil
 }
 
 func splitList(s string) []string {
@@ -691,6 +812,33 @@ func parseLevels(s string, bitLen int) ([]RequestLevel, error) {
 	}
 	slices.SortFunc(out, func(a, b RequestLevel) int { return b.PrefixLen - a.PrefixLen })
 	return out, nil
+}
+
+// checkLevels is the check of the request levels of the family of bitLen bits,
+// with the client-network prefix length cn: what parseLevels and checkLevelCount
+// refuse.
+func checkLevels(levels []RequestLevel, bitLen, cn int) error {
+	for i, l := range levels {
+		if err := checkInt(l.PrefixLen, 1, bitLen); err != nil {
+			return fmt.Errorf("prefix /%d: %v", l.PrefixLen, err)
+		}
+		if err := checkFactor(l.Factor); err != nil {
+			return fmt.Errorf("/%d: %v", l.PrefixLen, err)
+		}
+		if slices.ContainsFunc(levels[:i], func(o RequestLevel) bool { return o.PrefixLen == l.PrefixLen }) {
+			return fmt.Errorf("prefix /%d given twice", l.PrefixLen)
+		}
+	}
+	return checkLevelCount(levels, cn)
+}
+
+// checkPortCount bounds the reflection ports: the classic prefilter compares the
+// source port with each of them.
+func checkPortCount(ports []uint16) error {
+	if len(ports) > maxReflectionPorts {
+		return fmt.Errorf("%d ports, at most %d", len(ports), maxReflectionPorts)
+	}
+	return nil
 }
 
 // checkLevelCount verifies that levels plus the client-network level cn stay within

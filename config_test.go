@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -246,6 +247,18 @@ func TestKeywordTable(t *testing.T) {
 				t.Errorf("%s: in the pinned filter's pairs", k.name)
 			}
 		}
+		if err := validate(c); err != nil {
+			t.Errorf("%s %q: validate: %v", k.name, k.example, err)
+		}
+		if (k.check == nil) != (k.reset == nil) {
+			t.Errorf("%s: check and reset go together", k.name)
+		}
+		if k.bind != "" && !k.secret {
+			text := FormatBINDRateLimit(c)
+			if got, err := ParseBINDRateLimit(text, nil); err != nil || !slices.Equal(got.Values(), c.Values()) {
+				t.Errorf("%s: FormatBINDRateLimit does not read back (%v):\n%s", k.name, err, text)
+			}
+		}
 
 		name, value := k.bind, k.example
 		switch {
@@ -262,5 +275,233 @@ func TestKeywordTable(t *testing.T) {
 		if !slices.Equal(got.Values(), c.Values()) {
 			t.Errorf("BIND %s %s: Values %v, want %v", name, value, got.Values(), c.Values())
 		}
+	}
+}
+
+// badValues are, for each keyword with a range, values out of it put into a Config
+// as code of the package can (not through SetValue). A keyword added to the table
+// with a check needs its entry here.
+var badValues = map[string][]func(c *Config){
+	"window":             {func(c *Config) { c.window = 0 }, func(c *Config) { c.window = 3601 }, func(c *Config) { c.window = -1 }},
+	"ipv4-prefix-length": {func(c *Config) { c.ipv4PrefixLength = 0 }, func(c *Config) { c.ipv4PrefixLength = 33 }},
+	"ipv6-prefix-length": {func(c *Config) { c.ipv6PrefixLength = 0 }, func(c *Config) { c.ipv6PrefixLength = 129 }},
+	"slip-ratio":         {func(c *Config) { c.slipRatio = -1 }, func(c *Config) { c.slipRatio = 11 }},
+	"max-table-size": {func(c *Config) { c.maxTableSize = 0 }, func(c *Config) { c.maxTableSize = -1 },
+		func(c *Config) { c.maxTableSize = maxTableSize + 1 }},
+	"exempt-clients": {func(c *Config) { c.exempt = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), {}} }},
+	"ipv4-request-levels": {
+		func(c *Config) { c.ipv4Levels = []RequestLevel{{33, 1}} },
+		func(c *Config) { c.ipv4Levels = []RequestLevel{{0, 1}} },
+		func(c *Config) { c.ipv4Levels = []RequestLevel{{16, math.NaN()}} },
+		func(c *Config) { c.ipv4Levels = []RequestLevel{{16, -1}} },
+		func(c *Config) { c.ipv4Levels = []RequestLevel{{16, 1}, {16, 2}} },
+		// Six levels with the client network's /24.
+		func(c *Config) { c.ipv4Levels = []RequestLevel{{32, 1}, {28, 1}, {20, 1}, {16, 1}, {8, 1}} },
+	},
+	"ipv6-request-levels": {
+		func(c *Config) { c.ipv6Levels = []RequestLevel{{129, 1}} },
+		func(c *Config) { c.ipv6Levels = []RequestLevel{{48, 1_000_001}} },
+	},
+	"source-port-factor": {func(c *Config) { c.sourcePortFactor = math.NaN() }, func(c *Config) { c.sourcePortFactor = -1 },
+		func(c *Config) { c.sourcePortFactor = 1_000_001 }},
+	"reflection-ports": {func(c *Config) {
+		c.reflectionPorts = nil
+		for p := range maxReflectionPorts + 1 {
+			c.reflectionPorts = append(c.reflectionPorts, uint16(p))
+		}
+	}},
+	"capacity": {func(c *Config) { c.capacity = -5 }, func(c *Config) { c.capacity = math.NaN() },
+		func(c *Config) { c.capacity = maxRate + 1 }, func(c *Config) { c.capacity = math.Inf(1) }},
+}
+
+// rateFields are the rates' fields, whose bad values are the same for all.
+var rateFields = map[string]func(c *Config) *float64{
+	"responses-per-second":      func(c *Config) *float64 { return &c.responsesPerSecond },
+	"nodata-per-second":         func(c *Config) *float64 { return &c.nodataPerSecond },
+	"nxdomains-per-second":      func(c *Config) *float64 { return &c.nxdomainsPerSecond },
+	"referrals-per-second":      func(c *Config) *float64 { return &c.referralsPerSecond },
+	"errors-per-second":         func(c *Config) *float64 { return &c.errorsPerSecond },
+	"requests-per-second":       func(c *Config) *float64 { return &c.requestsPerSecond },
+	"all-per-second":            func(c *Config) *float64 { return &c.allPerSecond },
+	"qps-scale":                 func(c *Config) *float64 { return &c.qpsScale },
+	"total-requests-per-second": func(c *Config) *float64 { return &c.totalRequests },
+}
+
+// badValuesOf returns the out-of-range values of keyword k.
+func badValuesOf(k keyword) []func(c *Config) {
+	if f, ok := rateFields[k.name]; ok {
+		var out []func(c *Config)
+		for _, v := range []float64{-1, maxRate + 1, math.NaN(), math.Inf(1), math.Inf(-1)} {
+			out = append(out, func(c *Config) { *f(c) = v })
+		}
+		return out
+	}
+	return badValues[k.name]
+}
+
+// configErrors returns the ConfigErrors joined in err.
+func configErrors(err error) []*ConfigError {
+	var out []*ConfigError
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	for _, e := range errs {
+		var ce *ConfigError
+		if errors.As(e, &ce) {
+			out = append(out, ce)
+		}
+	}
+	return out
+}
+
+// TestValidateEveryKeyword: for every keyword of the table with a range, a Config
+// holding a value out of it makes New (and Update) fail with one ConfigError naming
+// the keyword and quoting the value, and NewRRL put the default in its place, leaving
+// the other keywords' values as they were.
+func TestValidateEveryKeyword(t *testing.T) {
+	for _, k := range keywords {
+		bad := badValuesOf(k)
+		if k.check == nil {
+			if len(bad) > 0 {
+				t.Errorf("%s: bad values in the test but no check in the table", k.name)
+			}
+			continue
+		}
+		if k.reset == nil {
+			t.Errorf("%s: a check without a reset", k.name)
+			continue
+		}
+		if len(bad) == 0 {
+			t.Errorf("%s: a check but no bad values in the test", k.name)
+		}
+		for i, mutate := range bad {
+			orig := configAfter(t, "responses-per-second", "5", "nodata-per-second", "3", "cookie-secret", siteSecret)
+			c := orig.clone()
+			mutate(c)
+			printed, _ := k.get(c)
+			_, err := New(c)
+			ces := configErrors(err)
+			if len(ces) != 1 || ces[0].Keyword != k.name || ces[0].Value != printed || ces[0].Line != 0 ||
+				!strings.Contains(err.Error(), k.name) {
+				t.Errorf("%s, bad value %d (%s): New error %v, want one ConfigError naming it", k.name, i, printed, err)
+			}
+			if err != nil {
+				noSecret(t, "New's error", err.Error())
+			}
+			if _, err2 := NewRRL(nil).Update(c); err2 == nil || err2.Error() != err.Error() {
+				t.Errorf("%s, bad value %d: Update error %v, want New's", k.name, i, err2)
+			}
+
+			r := NewRRL(c) // panics if the repaired Config is refused
+			if act, _, _ := r.Debit(udp("192.0.2.1"), &www); act != Send {
+				t.Errorf("%s, bad value %d: NewRRL's RRL: %v", k.name, i, act)
+			}
+			fixed := c.clone()
+			fixed.repair()
+			if err := validate(fixed); err != nil {
+				t.Errorf("%s, bad value %d: repaired Config: %v", k.name, i, err)
+			}
+			// The keyword's value is the default's, the others' (and whether
+			// Values shows the keyword: an allowance's set flag) as before.
+			for _, kk := range keywords {
+				got, gotOK := kk.get(fixed)
+				want, wantOK := kk.get(orig)
+				if kk.name == k.name {
+					want = mustGet(NewConfig(), k)
+				}
+				if got != want || gotOK != wantOK {
+					t.Errorf("%s, bad value %d: repaired %s %q (shown %v), want %q (%v)", k.name, i, kk.name, got, gotOK, want, wantOK)
+				}
+			}
+		}
+	}
+}
+
+// mustGet returns k's value in c, left out or not.
+func mustGet(c *Config, k keyword) string {
+	v, _ := k.get(c)
+	return v
+}
+
+// TestNewRRLRepairAllowances: NewRRL resets an allowance out of range to 0 and keeps
+// its set flag, as before the keyword table drove it: set, the category stays off;
+// not set, it follows responses-per-second.
+func TestNewRRLRepairAllowances(t *testing.T) {
+	c := configAfter(t, "responses-per-second", "5", "nodata-per-second", "3")
+	c.nodataPerSecond = math.NaN()
+	c.nxdomainsPerSecond = -1 // not set
+	c.responsesPerSecond = math.Inf(1)
+	c.repair()
+	if c.nodataPerSecond != 0 || !c.nodataSet || c.nxdomainsPerSecond != 0 || c.nxdomainsSet || c.responsesPerSecond != 0 {
+		t.Errorf("repaired: %+v", c)
+	}
+	c.responsesPerSecond = 4
+	if c.allowance(AllowanceNoData) != 0 || c.allowance(AllowanceNXDomain) != 4 {
+		t.Errorf("allowances %v %v, want 0 4", c.allowance(AllowanceNoData), c.allowance(AllowanceNXDomain))
+	}
+	// The zero Config: the keywords whose zero is out of range are named, and
+	// NewRRL gives them their defaults.
+	_, err := New(&Config{})
+	var names []string
+	for _, ce := range configErrors(err) {
+		names = append(names, ce.Keyword)
+	}
+	if want := []string{"window", "ipv4-prefix-length", "ipv6-prefix-length", "max-table-size"}; !slices.Equal(names, want) {
+		t.Errorf("New(&Config{}) names %v, want %v", names, want)
+	}
+	z := &Config{}
+	z.repair()
+	d := NewConfig()
+	if z.window != d.window || z.ipv4PrefixLength != d.ipv4PrefixLength || z.ipv6PrefixLength != d.ipv6PrefixLength ||
+		z.maxTableSize != d.maxTableSize || z.slipRatio != 0 || validate(z) != nil {
+		t.Errorf("repaired zero Config: %+v", z)
+	}
+}
+
+// TestKeywordTableAddition adds a keyword to the table, as a change of the package
+// would (a second name for all-per-second, in BIND spelled bind-test-per-second), and
+// checks that the entry is all it takes: SetValue, ConfigKeywords and Values know it,
+// New names it when out of range and NewRRL repairs it, FormatBINDRateLimit writes
+// it and ParseBINDRateLimit reads it under its BIND spelling.
+func TestKeywordTableAddition(t *testing.T) {
+	saved := keywords
+	keywords = append(slices.Clip(keywords), rateKeyword("test-per-second",
+		func(c *Config) (*float64, *bool) { return &c.allPerSecond, nil }, "bind-test-per-second"))
+	defer func() { keywords = saved }()
+
+	if !slices.Contains(ConfigKeywords(), "test-per-second") {
+		t.Errorf("ConfigKeywords: %v", ConfigKeywords())
+	}
+	c := NewConfig()
+	if err := c.SetValue("test-per-second", "9"); err != nil || c.allPerSecond != 9 {
+		t.Fatalf("SetValue: %v, %v", err, c.allPerSecond)
+	}
+	if !slices.Contains(c.Values(), [2]string{"test-per-second", "9"}) {
+		t.Errorf("Values: %v", c.Values())
+	}
+	text := FormatBINDRateLimit(c)
+	if !strings.Contains(text, "\tbind-test-per-second 9;\n") {
+		t.Errorf("FormatBINDRateLimit:\n%s", text)
+	}
+	got, err := ParseBINDRateLimit("bind-test-per-second 11;", nil)
+	if err != nil || got.allPerSecond != 11 {
+		t.Errorf("ParseBINDRateLimit: %v", err)
+	}
+	if _, err := ParseBINDRateLimit("test-per-second 11;", nil); err == nil {
+		t.Error("ParseBINDRateLimit took the package's spelling of an option BIND spells otherwise")
+	}
+	c.allPerSecond = math.NaN()
+	_, err = New(c)
+	var named bool
+	for _, ce := range configErrors(err) {
+		named = named || ce.Keyword == "test-per-second"
+	}
+	if !named {
+		t.Errorf("New: %v, want an error naming test-per-second", err)
+	}
+	c.repair()
+	if c.allPerSecond != 0 || validate(c) != nil {
+		t.Errorf("repaired: %v", c.allPerSecond)
 	}
 }

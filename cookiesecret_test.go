@@ -132,12 +132,13 @@ func TestBINDCookieSecret(t *testing.T) {
 		`cookie-secret ;`,
 	} {
 		_, err := ParseBINDRateLimit(text, nil)
-		var be *BINDConfigError
-		if !errors.As(err, &be) {
-			t.Errorf("%.30q: error %v, want a BINDConfigError", text, err)
+		var be *ConfigError
+		if !errors.As(err, &be) || be.Line < 1 {
+			t.Errorf("%.30q: error %v, want a ConfigError with its line", text, err)
 			continue
 		}
 		noSecret(t, "the error", err.Error())
+		noSecret(t, "the error's fields", fmt.Sprintf("%+v", *be))
 	}
 }
 

@@ -49,16 +49,16 @@ rate-limit {
 	fmt.Println(err)
 	// Output:
 	// rate-limit {
-	// 	responses-per-second 5;
-	// 	all-per-second 0;
-	// 	qps-scale 0;
 	// 	window 5;
 	// 	ipv4-prefix-length 24;
 	// 	ipv6-prefix-length 56;
+	// 	responses-per-second 5;
 	// 	slip 2;
 	// 	max-table-size 100000;
 	// 	log-only yes;
 	// 	exempt-clients { 192.0.2.53; 2001:db8::/48; };
+	// 	all-per-second 0;
+	// 	qps-scale 0;
 	// };
 	// rrl: rate-limit clause, line 3: exempt-clients: "trusted" is not an address or prefix (ACL names, negations, keys and nested lists are not supported)
 }

@@ -3,7 +3,6 @@ package rrl
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -96,29 +95,7 @@ func NewRRL(cfg *Config) *RRL {
 		cfg = NewConfig()
 	}
 	c := cfg.clone()
-	def := NewConfig()
-	if c.window < 1 || c.window > 3600 {
-		c.window = def.window
-	}
-	if c.ipv4PrefixLength < 1 || c.ipv4PrefixLength > 32 {
-		c.ipv4PrefixLength = def.ipv4PrefixLength
-	}
-	if c.ipv6PrefixLength < 1 || c.ipv6PrefixLength > 128 {
-		c.ipv6PrefixLength = def.ipv6PrefixLength
-	}
-	if c.slipRatio < 0 || c.slipRatio > 10 {
-		c.slipRatio = def.slipRatio
-	}
-	if c.maxTableSize < 1 || c.maxTableSize > maxTableSize {
-		c.maxTableSize = def.maxTableSize
-	}
-	for _, v := range []*float64{&c.responsesPerSecond, &c.nodataPerSecond,
-		&c.nxdomainsPerSecond, &c.referralsPerSecond, &c.errorsPerSecond,
-		&c.requestsPerSecond, &c.allPerSecond, &c.qpsScale} {
-		if !(*v >= 0 && *v <= maxRate) {
-			*v = 0
-		}
-	}
+	c.repair()
 	r, err := New(c)
 	if err != nil {
 		panic("rrl: NewRRL: " + err.Error()) // unreachable: c is valid now
@@ -212,30 +189,35 @@ func bitsLen(n int) int {
 	return l
 }
 
-// validate reports the settings of cfg that SetValue would have refused.
+// validate reports the settings of cfg that SetValue would have refused: for each
+// keyword of the table whose check fails, a ConfigError naming it.
 func validate(cfg *Config) error {
 	var errs []error
-	check := func(kw string, ok bool, v any) {
-		if !ok {
-			errs = append(errs, &ConfigError{kw, fmt.Sprint(v), "out of range"})
+	for _, k := range keywords {
+		if k.check == nil {
+			continue
+		}
+		if err := k.check(cfg); err != nil {
+			v, _ := k.get(cfg)
+			if k.secret {
+				v = redacted
+			}
+			errs = append(errs, &ConfigError{Keyword: k.name, Value: v, Reason: err.Error()})
 		}
 	}
-	check("window", cfg.window >= 1 && cfg.window <= 3600, cfg.window)
-	check("ipv4-prefix-length", cfg.ipv4PrefixLength >= 1 && cfg.ipv4PrefixLength <= 32, cfg.ipv4PrefixLength)
-	check("ipv6-prefix-length", cfg.ipv6PrefixLength >= 1 && cfg.ipv6PrefixLength <= 128, cfg.ipv6PrefixLength)
-	check("slip-ratio", cfg.slipRatio >= 0 && cfg.slipRatio <= 10, cfg.slipRatio)
-	check("max-table-size", cfg.maxTableSize >= 1 && cfg.maxTableSize <= maxTableSize, cfg.maxTableSize)
-	rate := func(kw string, v float64) { check(kw, v >= 0 && v <= maxRate, v) } // false for NaN
-	rate("responses-per-second", cfg.responsesPerSecond)
-	rate("nodata-per-second", cfg.nodataPerSecond)
-	rate("nxdomains-per-second", cfg.nxdomainsPerSecond)
-	rate("referrals-per-second", cfg.referralsPerSecond)
-	rate("errors-per-second", cfg.errorsPerSecond)
-	rate("requests-per-second", cfg.requestsPerSecond)
-	rate("all-per-second", cfg.allPerSecond)
-	rate("qps-scale", cfg.qpsScale)
-	check("capacity", cfg.capacity == 0 || cfg.capacity == capacityAuto || cfg.capacity > 0 && cfg.capacity <= maxRate, cfg.capacity)
 	return errors.Join(errs...)
+}
+
+// repair replaces each of c's values that validate refuses by NewConfig's, in table
+// order (the request levels after the prefix lengths they are checked with). An
+// allowance keeps its set flag: one set to a rate out of range is set to 0.
+func (c *Config) repair() {
+	def := NewConfig()
+	for _, k := range keywords {
+		if k.check != nil && k.check(c) != nil {
+			k.reset(c, def)
+		}
+	}
 }
 
 // costOf returns the cost of one debit at allowance a per second: 1/a seconds,
