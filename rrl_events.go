@@ -72,8 +72,16 @@ type eventTracker struct {
 // trackRecord is one limiting episode. count is written by debits holding the
 // account's entry lock; the rest under the tracker's mutex.
 type trackRecord struct {
+	// count is only ever written atomically, also when the record is emptied or
+	// reused: a debit that read the account's episode index before the episode
+	// ended may still add to it.
 	count atomic.Uint64
+	trackEpisode
+}
 
+// trackEpisode is what a trackRecord knows of its episode besides the count; it is
+// written under the tracker's lock.
+type trackEpisode struct {
 	used, filled bool
 	reported     bool // the start was reported
 	suppressed   bool // the start was suppressed: no stop will be reported
@@ -130,7 +138,7 @@ func (ev *eventTracker) follow(tag *uint64, old uint64, limited bool, now fixed)
 		if k := len(ev.free); k > 0 {
 			n = uint64(ev.free[k-1])
 			ev.free = ev.free[:k-1]
-			ev.recs[n] = trackRecord{used: true, start: now}
+			ev.recs[n].trackEpisode = trackEpisode{used: true, start: now}
 			ev.recs[n].count.Store(1)
 		} else {
 			ev.budget.suppressed++
@@ -388,7 +396,8 @@ func (ev *eventTracker) dueLocked(now fixed, r *RRL) []LimitEvent {
 			ev.budget.stamp(&e)
 			out = append(out, e)
 		}
-		*rec = trackRecord{}
+		rec.trackEpisode = trackEpisode{}
+		rec.count.Store(0)
 		ev.free = append(ev.free, uint16(i))
 	}
 	return out
