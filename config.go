@@ -61,7 +61,10 @@ import (
 // The client-network level (ipv4-prefix-length, ipv6-prefix-length) is always a level
 // at factor 1 unless the list names that prefix length with another factor. At most
 // five levels per family besides /0. A factor of 0 turns a level off.
-// reflection-ports defaults to DefaultReflectionPorts().
+// reflection-ports defaults to 0 19 123 161 389 1900 11211: port 0, which no real
+// client uses, and chargen, NTP, SNMP, CLDAP, SSDP and memcached, whose responses
+// are used in reflection attacks; packets from them can never be queries, so the
+// filters drop them before any rate accounting.
 //
 // capacity turns on the capacity mode: every level counts, and the request limits
 // apply only while the server is overloaded, lowered then to the max-min fair share
@@ -94,8 +97,8 @@ type Config struct {
 	reportOnly   bool
 	exempt       []netip.Prefix
 
-	ipv4Levels       []RequestLevel // without the client-network level unless named
-	ipv6Levels       []RequestLevel
+	ipv4Levels       []requestLevel // without the client-network level unless named
+	ipv6Levels       []requestLevel
 	sourcePortFactor float64
 	totalRequests    float64
 	reflectionPorts  []uint16
@@ -115,22 +118,16 @@ type Config struct {
 	eventsPerSecond int // 0: defaultEventsPerSecond
 }
 
-// RequestLevel is one source prefix level of the request limiter: sources are grouped
+// requestLevel is one source prefix level of the request limiter: sources are grouped
 // by their first PrefixLen bits and each group is limited to Factor times
 // requests-per-second.
-type RequestLevel struct {
+type requestLevel struct {
 	PrefixLen int
 	Factor    float64
 }
 
-// DefaultReflectionPorts returns a new slice of the UDP source ports of services whose
-// responses are used in reflection attacks (and port 0, which no real client uses):
-// packets from them can never be queries, so the filters drop them before any rate
-// accounting. chargen 19, NTP 123, SNMP 161, CLDAP 389, SSDP 1900, memcached 11211.
-// The caller owns the slice: changing it changes no Config and no filter.
-func DefaultReflectionPorts() []uint16 { return slices.Clone(defaultReflectionPorts[:]) }
-
-// defaultReflectionPorts is an array, not a slice, so nothing can change it.
+// defaultReflectionPorts is the default of reflection-ports (see Config). It is an
+// array, not a slice, so that no Config can change another's through it.
 var defaultReflectionPorts = [...]uint16{0, 19, 123, 161, 389, 1900, 11211}
 
 const (
@@ -148,10 +145,10 @@ func NewConfig() *Config {
 		ipv6PrefixLength: 56,
 		slipRatio:        2,
 		maxTableSize:     defaultTable,
-		ipv4Levels:       []RequestLevel{{32, 1}, {16, 16}},
-		ipv6Levels:       []RequestLevel{{128, 1}, {64, 1}, {48, 4}},
+		ipv4Levels:       []requestLevel{{32, 1}, {16, 16}},
+		ipv6Levels:       []requestLevel{{128, 1}, {64, 1}, {48, 4}},
 		sourcePortFactor: 1,
-		reflectionPorts:  DefaultReflectionPorts(),
+		reflectionPorts:  slices.Clone(defaultReflectionPorts[:]),
 	}
 }
 
@@ -464,7 +461,7 @@ func levelsKeyword(name string, bitLen int, example string) keyword {
 
 // familyLevels returns the request levels and client-network prefix length of the
 // family of bitLen bits (32: IPv4, 128: IPv6).
-func (c *Config) familyLevels(bitLen int) (*[]RequestLevel, *int) {
+func (c *Config) familyLevels(bitLen int) (*[]requestLevel, *int) {
 	if bitLen == 32 {
 		return &c.ipv4Levels, &c.ipv4PrefixLength
 	}
@@ -658,10 +655,10 @@ func (c *Config) requestLevels(v4 bool) []levelLimit {
 		levels, cn = c.ipv4Levels, c.ipv4PrefixLength
 	}
 	all := slices.Clone(levels)
-	if !slices.ContainsFunc(all, func(l RequestLevel) bool { return l.PrefixLen == cn }) {
-		all = append(all, RequestLevel{cn, 1})
+	if !slices.ContainsFunc(all, func(l requestLevel) bool { return l.PrefixLen == cn }) {
+		all = append(all, requestLevel{cn, 1})
 	}
-	slices.SortFunc(all, func(a, b RequestLevel) int { return b.PrefixLen - a.PrefixLen })
+	slices.SortFunc(all, func(a, b requestLevel) int { return b.PrefixLen - a.PrefixLen })
 	var out []levelLimit
 	for _, l := range all {
 		r := l.Factor * c.requestsPerSecond
@@ -790,8 +787,8 @@ func parsePrefixes(s string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func parseLevels(s string, bitLen int) ([]RequestLevel, error) {
-	var out []RequestLevel
+func parseLevels(s string, bitLen int) ([]requestLevel, error) {
+	var out []requestLevel
 	for _, f := range splitList(s) {
 		p, fac, ok := strings.Cut(f, ":")
 		if !ok {
@@ -805,19 +802,19 @@ func parseLevels(s string, bitLen int) ([]RequestLevel, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%q: %v", f, err)
 		}
-		if slices.ContainsFunc(out, func(l RequestLevel) bool { return l.PrefixLen == n }) {
+		if slices.ContainsFunc(out, func(l requestLevel) bool { return l.PrefixLen == n }) {
 			return nil, fmt.Errorf("prefix /%d given twice", n)
 		}
-		out = append(out, RequestLevel{n, x})
+		out = append(out, requestLevel{n, x})
 	}
-	slices.SortFunc(out, func(a, b RequestLevel) int { return b.PrefixLen - a.PrefixLen })
+	slices.SortFunc(out, func(a, b requestLevel) int { return b.PrefixLen - a.PrefixLen })
 	return out, nil
 }
 
 // checkLevels is the check of the request levels of the family of bitLen bits,
 // with the client-network prefix length cn: what parseLevels and checkLevelCount
 // refuse.
-func checkLevels(levels []RequestLevel, bitLen, cn int) error {
+func checkLevels(levels []requestLevel, bitLen, cn int) error {
 	for i, l := range levels {
 		if err := checkInt(l.PrefixLen, 1, bitLen); err != nil {
 			return fmt.Errorf("prefix /%d: %v", l.PrefixLen, err)
@@ -825,7 +822,7 @@ func checkLevels(levels []RequestLevel, bitLen, cn int) error {
 		if err := checkFactor(l.Factor); err != nil {
 			return fmt.Errorf("/%d: %v", l.PrefixLen, err)
 		}
-		if slices.ContainsFunc(levels[:i], func(o RequestLevel) bool { return o.PrefixLen == l.PrefixLen }) {
+		if slices.ContainsFunc(levels[:i], func(o requestLevel) bool { return o.PrefixLen == l.PrefixLen }) {
 			return fmt.Errorf("prefix /%d given twice", l.PrefixLen)
 		}
 	}
@@ -843,9 +840,9 @@ func checkPortCount(ports []uint16) error {
 
 // checkLevelCount verifies that levels plus the client-network level cn stay within
 // the maximum number of levels the filter has sketches for.
-func checkLevelCount(levels []RequestLevel, cn int) error {
+func checkLevelCount(levels []requestLevel, cn int) error {
 	n := len(levels)
-	if !slices.ContainsFunc(levels, func(l RequestLevel) bool { return l.PrefixLen == cn }) {
+	if !slices.ContainsFunc(levels, func(l requestLevel) bool { return l.PrefixLen == cn }) {
 		n++
 	}
 	if n > maxRequestLevel {

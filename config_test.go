@@ -174,26 +174,23 @@ func TestReflectionPortsLimit(t *testing.T) {
 	}
 }
 
-// TestDefaultReflectionPortsImmutable: a caller that changes the slice
-// DefaultReflectionPorts returns changes neither later results, nor new Configs, nor
-// the classic program built without a Config.
+// TestDefaultReflectionPortsImmutable: a change to one Config's reflection ports
+// changes neither new Configs nor the classic program built without a Config.
 func TestDefaultReflectionPortsImmutable(t *testing.T) {
 	want := []uint16{0, 19, 123, 161, 389, 1900, 11211}
 	prog, err := classicProgram(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := DefaultReflectionPorts()
+	c := NewConfig()
+	p := c.reflectionPorts
 	if !slices.Equal(p, want) {
-		t.Fatalf("DefaultReflectionPorts() = %v, want %v", p, want)
+		t.Fatalf("NewConfig reflection ports = %v, want %v", p, want)
 	}
 	for i := range p {
-		p[i] = 53 // a caller "adding DNS" by overwriting would drop every query
+		p[i] = 53 // a change in place to "add DNS" would drop every query
 	}
 	_ = append(p[:0], 53)
-	if got := DefaultReflectionPorts(); !slices.Equal(got, want) {
-		t.Errorf("after a caller's change DefaultReflectionPorts() = %v, want %v", got, want)
-	}
 	if got := NewConfig().reflectionPorts; !slices.Equal(got, want) {
 		t.Errorf("after a caller's change NewConfig reflection ports = %v, want %v", got, want)
 	}
@@ -290,17 +287,17 @@ var badValues = map[string][]func(c *Config){
 		func(c *Config) { c.maxTableSize = maxTableSize + 1 }},
 	"exempt-clients": {func(c *Config) { c.exempt = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), {}} }},
 	"ipv4-request-levels": {
-		func(c *Config) { c.ipv4Levels = []RequestLevel{{33, 1}} },
-		func(c *Config) { c.ipv4Levels = []RequestLevel{{0, 1}} },
-		func(c *Config) { c.ipv4Levels = []RequestLevel{{16, math.NaN()}} },
-		func(c *Config) { c.ipv4Levels = []RequestLevel{{16, -1}} },
-		func(c *Config) { c.ipv4Levels = []RequestLevel{{16, 1}, {16, 2}} },
+		func(c *Config) { c.ipv4Levels = []requestLevel{{33, 1}} },
+		func(c *Config) { c.ipv4Levels = []requestLevel{{0, 1}} },
+		func(c *Config) { c.ipv4Levels = []requestLevel{{16, math.NaN()}} },
+		func(c *Config) { c.ipv4Levels = []requestLevel{{16, -1}} },
+		func(c *Config) { c.ipv4Levels = []requestLevel{{16, 1}, {16, 2}} },
 		// Six levels with the client network's /24.
-		func(c *Config) { c.ipv4Levels = []RequestLevel{{32, 1}, {28, 1}, {20, 1}, {16, 1}, {8, 1}} },
+		func(c *Config) { c.ipv4Levels = []requestLevel{{32, 1}, {28, 1}, {20, 1}, {16, 1}, {8, 1}} },
 	},
 	"ipv6-request-levels": {
-		func(c *Config) { c.ipv6Levels = []RequestLevel{{129, 1}} },
-		func(c *Config) { c.ipv6Levels = []RequestLevel{{48, 1_000_001}} },
+		func(c *Config) { c.ipv6Levels = []requestLevel{{129, 1}} },
+		func(c *Config) { c.ipv6Levels = []requestLevel{{48, 1_000_001}} },
 	},
 	"source-port-factor": {func(c *Config) { c.sourcePortFactor = math.NaN() }, func(c *Config) { c.sourcePortFactor = -1 },
 		func(c *Config) { c.sourcePortFactor = 1_000_001 }},

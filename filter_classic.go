@@ -35,7 +35,7 @@ import (
 //     reflected at us (a spoofed query to a resolver naming our address). Do not
 //     attach the filter to a socket the program also uses as a DNS client, for
 //     instance to send NOTIFY or forward queries, since their answers carry QR.
-//   - Datagrams from a source port on the reflection-ports list (DefaultReflectionPorts():
+//   - Datagrams from a source port on the reflection-ports list (by default:
 //     0, chargen, NTP, SNMP, CLDAP, SSDP, memcached). A resolver or stub sends queries
 //     from an ephemeral port or from 53; the services on the list answer from their
 //     well-known port, so traffic from there is the reflected output of an

@@ -158,7 +158,7 @@ func TestClassicProgramVM(t *testing.T) {
 		{"empty list: short still dropped", newConfigWith(t, "reflection-ports", ""),
 			udpDatagram(40000, dport, query[:16]), false},
 	}
-	for _, p := range DefaultReflectionPorts() {
+	for _, p := range defaultReflectionPorts[:] {
 		tests = append(tests, tc{"default reflection port " + strconv.Itoa(int(p)), nil,
 			udpDatagram(p, dport, query), false})
 		tests = append(tests, tc{"default reflection port " + strconv.Itoa(int(p)) + ", EDNS", nil,
@@ -199,7 +199,7 @@ func TestClassicProgramAllPorts(t *testing.T) {
 		return out // unsorted: classicProgram must not depend on order
 	}
 	lists := map[string][]uint16{
-		"default":    DefaultReflectionPorts(),
+		"default":    defaultReflectionPorts[:],
 		"empty":      nil,
 		"only 0":     {0},
 		"only 65535": {65535},
@@ -267,7 +267,7 @@ func TestClassicProgramSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 4 + 1 + len(DefaultReflectionPorts()) + 2; len(def) != want {
+	if want := 4 + 1 + len(defaultReflectionPorts[:]) + 2; len(def) != want {
 		t.Errorf("default program has %d instructions, want %d", len(def), want)
 	}
 

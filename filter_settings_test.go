@@ -97,7 +97,7 @@ func TestUpdateAllOrNothing(t *testing.T) {
 		}, nil},
 		{"too many request levels", func(t *testing.T) *Config {
 			cfg := next(t, "127.0.0.0/8")
-			cfg.ipv4Levels = []RequestLevel{{32, 1}, {28, 1}, {24, 1}, {20, 1}, {16, 1}, {12, 1}}
+			cfg.ipv4Levels = []requestLevel{{32, 1}, {28, 1}, {24, 1}, {20, 1}, {16, 1}, {12, 1}}
 			return cfg
 		}, nil},
 		{"IPv6 exempt write fails after the settings and IPv4 prefixes", func(t *testing.T) *Config {
@@ -158,11 +158,11 @@ func TestUpdateAllOrNothing(t *testing.T) {
 func slotConfigs(t testing.TB) (a, b *Config) {
 	a = configOf(t, "requests-per-second", "10000000", "source-port-factor", "0",
 		"ipv4-prefix-length", "24", "ipv6-request-levels", "")
-	a.ipv4Levels = []RequestLevel{{32, 1}, {24, 1e-12}}
+	a.ipv4Levels = []requestLevel{{32, 1}, {24, 1e-12}}
 	b = configOf(t, "requests-per-second", "10000000", "source-port-factor", "0",
 		"ipv4-prefix-length", "32", "ipv4-request-levels", "", "ipv6-request-levels", "",
 		"exempt-clients", "10.99.0.0/16")
-	b.ipv4Levels = []RequestLevel{{32, 1e-12}}
+	b.ipv4Levels = []requestLevel{{32, 1e-12}}
 	return a, b
 }
 

@@ -175,7 +175,7 @@ func TestKernelReflectionPortsAllPorts(t *testing.T) {
 		name  string
 		ports []uint16
 	}{
-		{"default", DefaultReflectionPorts()},
+		{"default", defaultReflectionPorts[:]},
 		{"empty", nil},
 		{"only 65535", []uint16{65535}},
 		{"64 spread", spread},
