@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -169,7 +170,7 @@ func TestCapacityEvents(t *testing.T) {
 	cfg := NewConfig()
 	cfg.capacity = 1000
 	cfg.SetEventFunc(func(e LimitEvent) { events = append(events, e) })
-	cfg.SetEventsPerSecond(2)
+	mustSet(t, cfg, "events-per-second", strconv.Itoa(2))
 	r := &capacityRun{cfg: cfg}
 	r.events.perSec = cfg.eventsPerSec()
 	src := &fakeCapacitySource{}

@@ -48,6 +48,12 @@ import (
 //	reflection-ports LIST          source ports whose packets are dropped unseen
 //	capacity auto|RATE             limit requests only while the server is overloaded (off by default)
 //
+// Limiting events (SetEventFunc):
+//
+//	events-per-second N            1..1000000, default 10: events reported in each second
+//	                               of the clock; the others are counted, and the count
+//	                               reported in the next event
+//
 // DNS server cookies (a Protection's Handler and kernel filter), as BIND's option:
 //
 //	cookie-secret SECRET [ACCEPTED] the 128-bit SipHash-2-4 secret cookies are made with,
@@ -115,7 +121,7 @@ type Config struct {
 
 	nowFunc         func() time.Time
 	eventFunc       func(LimitEvent)
-	eventsPerSecond int // 0: defaultEventsPerSecond
+	eventsPerSecond int // events-per-second
 }
 
 // requestLevel is one source prefix level of the request limiter: sources are grouped
@@ -149,6 +155,7 @@ func NewConfig() *Config {
 		ipv6Levels:       []requestLevel{{128, 1}, {64, 1}, {48, 4}},
 		sourcePortFactor: 1,
 		reflectionPorts:  slices.Clone(defaultReflectionPorts[:]),
+		eventsPerSecond:  defaultEventsPerSecond,
 	}
 }
 
@@ -339,6 +346,7 @@ var keywords = []keyword{
 			return checkCapacity(c.capacity)
 		},
 		reset: resetField(func(c *Config) *float64 { return &c.capacity })},
+	intKeyword("events-per-second", 1, maxEventsPerSecond, func(c *Config) *int { return &c.eventsPerSecond }, "", "100"),
 }
 
 func formatNum(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
@@ -581,14 +589,10 @@ func (c *Config) SetNowFunc(now func() time.Time) { c.nowFunc = now }
 // should be quick; it may call the limiter.
 func (c *Config) SetEventFunc(fn func(LimitEvent)) { c.eventFunc = fn }
 
-// SetEventsPerSecond bounds the limiting events reported in each second of the clock
-// to n (at least 1; default 10); the others are counted and the count reported in the
-// next event.
-func (c *Config) SetEventsPerSecond(n int) { c.eventsPerSecond = max(n, 1) }
-
-// eventsPerSec is the events-per-second bound in force.
+// eventsPerSec is the events-per-second bound in force: the keyword's, or its
+// default in a Config not made by NewConfig.
 func (c *Config) eventsPerSec() int {
-	if c.eventsPerSecond == 0 {
+	if c.eventsPerSecond < 1 {
 		return defaultEventsPerSecond
 	}
 	return c.eventsPerSecond

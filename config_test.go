@@ -70,6 +70,10 @@ func TestSetValue(t *testing.T) {
 		{"max-table-size", "67108864", true, func(c *Config) bool { return c.maxTableSize == 1<<26 }},
 		{"max-table-size", "67108865", false, nil},
 		{"max-table-size", "-5", false, nil},
+		{"events-per-second", "1", true, func(c *Config) bool { return c.eventsPerSec() == 1 }},
+		{"events-per-second", "1000000", true, func(c *Config) bool { return c.eventsPerSec() == 1_000_000 }},
+		{"events-per-second", "0", false, nil},
+		{"events-per-second", "1000001", false, nil},
 		{"report-only", "", true, func(c *Config) bool { return c.reportOnly }},
 		{"report-only", "true", true, func(c *Config) bool { return c.reportOnly }},
 		{"report-only", "false", true, func(c *Config) bool { return !c.reportOnly }},
@@ -285,6 +289,8 @@ var badValues = map[string][]func(c *Config){
 	"slip-ratio":         {func(c *Config) { c.slipRatio = -1 }, func(c *Config) { c.slipRatio = 11 }},
 	"max-table-size": {func(c *Config) { c.maxTableSize = 0 }, func(c *Config) { c.maxTableSize = -1 },
 		func(c *Config) { c.maxTableSize = maxTableSize + 1 }},
+	"events-per-second": {func(c *Config) { c.eventsPerSecond = 0 }, func(c *Config) { c.eventsPerSecond = -3 },
+		func(c *Config) { c.eventsPerSecond = maxEventsPerSecond + 1 }},
 	"exempt-clients": {func(c *Config) { c.exempt = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), {}} }},
 	"ipv4-request-levels": {
 		func(c *Config) { c.ipv4Levels = []requestLevel{{33, 1}} },
@@ -444,7 +450,7 @@ func TestNewRRLRepairAllowances(t *testing.T) {
 	for _, ce := range configErrors(err) {
 		names = append(names, ce.Keyword)
 	}
-	if want := []string{"window", "ipv4-prefix-length", "ipv6-prefix-length", "max-table-size"}; !slices.Equal(names, want) {
+	if want := []string{"window", "ipv4-prefix-length", "ipv6-prefix-length", "max-table-size", "events-per-second"}; !slices.Equal(names, want) {
 		t.Errorf("New(&Config{}) names %v, want %v", names, want)
 	}
 	z := &Config{}
@@ -500,5 +506,13 @@ func TestKeywordTableAddition(t *testing.T) {
 	c.repair()
 	if c.allPerSecond != 0 || validate(c) != nil {
 		t.Errorf("repaired: %v", c.allPerSecond)
+	}
+}
+
+// mustSet sets keyword to value in cfg and fails the test if SetValue refuses it.
+func mustSet(t testing.TB, cfg *Config, keyword, value string) {
+	t.Helper()
+	if err := cfg.SetValue(keyword, value); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -16,7 +16,7 @@ import (
 //
 // A spoofed flood can make every packet come from a new network, so events are
 // bounded: at most events-per-second of them in each second of the clock (see
-// Config.SetEventsPerSecond), the rest counted and the count reported in the next
+// the keyword events-per-second), the rest counted and the count reported in the next
 // event's Suppressed. An account or group whose start was suppressed reports no stop.
 // Only a bounded number of episodes are followed at once (maxTracked for an RRL,
 // maxGroups for a Limiter); starts beyond that are suppressed too.
@@ -260,8 +260,11 @@ func SlogEvents(logger *slog.Logger) func(LimitEvent) {
 }
 
 // defaultEventsPerSecond bounds the events an RRL or Limiter reports per second
-// unless Config.SetEventsPerSecond says otherwise.
+// unless the keyword events-per-second says otherwise.
 const defaultEventsPerSecond = 10
+
+// maxEventsPerSecond is the largest events-per-second.
+const maxEventsPerSecond = 1_000_000
 
 // eventTicks is the timer of an RRL's or Limiter's events, which reports what is due
 // when no traffic comes to do it. Its user serialises calls with its own mutex.

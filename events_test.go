@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -40,7 +41,7 @@ func newEventRRL(t testing.TB, perSec int, kv ...string) (*RRL, *fakeClock, *eve
 	cfg.SetNowFunc(func() time.Time { return c.now })
 	cfg.SetEventFunc(log.add)
 	if perSec > 0 {
-		cfg.SetEventsPerSecond(perSec)
+		mustSet(t, cfg, "events-per-second", strconv.Itoa(perSec))
 	}
 	for i := 0; i+1 < len(kv); i += 2 {
 		if err := cfg.SetValue(kv[i], kv[i+1]); err != nil {
@@ -278,7 +279,7 @@ func TestLimiterEventsFlood(t *testing.T) {
 	cfg.SetValue("source-port-factor", "0")
 	cfg.SetValue("ipv4-request-levels", "32:1")
 	cfg.SetEventFunc(log.add)
-	cfg.SetEventsPerSecond(perSec)
+	mustSet(t, cfg, "events-per-second", strconv.Itoa(perSec))
 	l, err := newLimiterSeed(cfg, 2)
 	if err != nil {
 		t.Fatal(err)

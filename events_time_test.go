@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"net/netip"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -278,7 +279,7 @@ func TestLimiterEventsBurstThenSilence(t *testing.T) {
 			cfg.SetValue("ipv4-request-levels", "32:1")
 			cfg.SetEventFunc(log.add)
 			if tc.perSec > 0 {
-				cfg.SetEventsPerSecond(tc.perSec)
+				mustSet(t, cfg, "events-per-second", strconv.Itoa(tc.perSec))
 			}
 			l, err := newLimiterSeed(cfg, 3)
 			if err != nil {

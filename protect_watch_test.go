@@ -5,6 +5,7 @@ package rrl
 import (
 	"errors"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,7 +53,9 @@ func protectWatchConfig(fn func(LimitEvent), perSec int) *Config {
 	}
 	cfg.SetEventFunc(fn)
 	if perSec > 0 {
-		cfg.SetEventsPerSecond(perSec)
+		if err := cfg.SetValue("events-per-second", strconv.Itoa(perSec)); err != nil {
+			panic(err)
+		}
 	}
 	return cfg
 }
