@@ -53,8 +53,6 @@ import (
 )
 
 const (
-	// capacityAuto is Config.capacity for "capacity auto": measured.
-	capacityAuto = -1
 	// capacitySampleEvery is how often a driver samples the queues and counters
 	// while the server is overloaded or near it, and capacitySampleIdle otherwise:
 	// a wakeup costs more than the sample (tens of microseconds of the Go

@@ -137,10 +137,15 @@ type requestLevel struct {
 var defaultReflectionPorts = [...]uint16{0, 19, 123, 161, 389, 1900, 11211}
 
 const (
-	maxRate         = 10_000_000
-	maxRequestLevel = 5
-	defaultTable    = 100000
-	maxTableSize    = 1 << 26
+	// capacityAuto is Config.capacity for "capacity auto": measured.
+	capacityAuto = -1
+	// maxReflectionPorts bounds the reflection-ports list, which keeps the classic
+	// program small (a binary search of at most a few dozen instructions) and its
+	// jumps within classic BPF's 8-bit offsets.
+	maxReflectionPorts = 64
+	maxRate            = 10_000_000
+	defaultTable       = 100000
+	maxTableSize       = 1 << 26
 )
 
 // NewConfig returns a Config with the defaults documented on Config.
@@ -893,4 +898,17 @@ func (c *Config) pairs(withSecrets bool) [][2]string {
 		}
 	}
 	return out
+}
+
+// unhex is the value of the hexadecimal digit c.
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
 }

@@ -182,6 +182,10 @@ const (
 // idle. The key of a level node is the source masked to the level's prefix with port
 // 0; of the port node, address 0 and the port; of the total node, all zero.
 const (
+	// maxRequestLevel is the most prefix levels of one family, /0 aside (the
+	// keywords ipv4-request-levels and ipv6-request-levels).
+	maxRequestLevel = 5
+
 	nodeIPv4First = 0
 	nodeIPv6First = maxRequestLevel
 	nodePort      = 2 * maxRequestLevel

@@ -77,11 +77,6 @@ const (
 	// classicPass is the verdict that keeps the whole datagram.
 	classicPass = 0xFFFFFFFF
 
-	// maxReflectionPorts bounds the reflection-ports list, which keeps the program
-	// small (a binary search of at most a few dozen instructions) and its jumps
-	// within classic BPF's 8-bit offsets.
-	maxReflectionPorts = 64
-
 	// maxClassicInsns is the kernel's limit on a classic program (BPF_MAXINSNS).
 	maxClassicInsns = 4096
 

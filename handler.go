@@ -386,18 +386,6 @@ func cookieOption(m *dns.Msg, buf *[clientCookieLen + maxServerCookieLen]byte) (
 	return nil, false
 }
 
-func unhex(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10, true
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
-}
-
 // responseWriter holds back the first response of the inner handler until the
 // Handler has judged it. It is pooled: the inner handler gets a lease on it, which
 // stops working when ServeDNS returns.
