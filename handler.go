@@ -14,6 +14,13 @@ import (
 	"github.com/miekg/dns"
 )
 
+// requestGate is what a Handler asks, per UDP query, of the Protection it serves:
+// the Limiter that must still judge the query, or nil when it was held to the
+// request limits already (in the kernel, or by a server of the Protection).
+type requestGate interface {
+	requestLimiter(w dns.ResponseWriter) *Limiter
+}
+
 // Handler is middleware for github.com/miekg/dns servers: it sits in front of the
 // server's own dns.Handler, lets it answer, and then decides with an RRL whether the
 // answer goes out, is withheld, or is replaced by a slip.
@@ -84,7 +91,7 @@ type Handler struct {
 	limiter *Limiter // the Go request limiter of withLimiter, for tests
 	// core is the Protection whose Handler this is: it says, per query, whether the
 	// Go request limits still apply; UDP queries are then always held to them once.
-	core     *Protection
+	core     requestGate
 	now      func() time.Time
 	wildcard func(resp *dns.Msg) string
 	writers  sync.Pool

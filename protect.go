@@ -166,68 +166,8 @@ func (s Status) String() string {
 	return msg
 }
 
-// Option configures Protect, NewProtection and NewHandler. NewHandler heeds only
-// WithCookies and WithWildcardFunc.
-type Option func(*options)
-
-type options struct {
-	cookies    *Cookies
-	noCookies  bool
-	pinDir     string
-	noFilter   bool
-	tcpPerConn int
-	wildcard   func(resp *dns.Msg) string
-	now        func() time.Time // cookie clock, for tests (time.Now by default)
-	limiter    *Limiter         // a Handler's own Go request limits, for tests
-}
-
-// WithCookies makes the server verify and issue DNS server cookies with c: queries
-// over UDP with a valid server cookie are not rate limited, responses to queries
-// with a client cookie carry a server cookie, slips become BADCOOKIE for them, and
-// malformed COOKIE options are answered with FORMERR. A Protection has cookies by
-// default, with the Config's cookie-secret or a random secret; WithCookies shares
-// one secret between servers, and a cookie-secret in the Config (at the start or in
-// Update) is applied to c. Either way the secret counts as the site's: a pinned
-// filter gets it (see Protect).
-func WithCookies(c *Cookies) Option { return func(o *options) { o.cookies = c } }
-
-// WithoutCookies turns a Protection's DNS server cookies off.
-func WithoutCookies() Option { return func(o *options) { o.noCookies = true } }
-
-// WithPinned makes a Protection attach the filter a privileged step pinned in dir
-// (LoadPinned, or rrlctl load) instead of loading one, which needs no privilege
-// (Linux 5.19 and later); when that fails the Protection falls back as Attach does,
-// and Status says why.
-func WithPinned(dir string) Option { return func(o *options) { o.pinDir = dir } }
-
-// WithoutFilter makes a Protection attach no kernel filter: the request limits apply
-// in Go. For a server whose sockets get a filter from outside (rrlctl attach), which
-// should then leave requests-per-second at 0 in cfg so as not to limit twice.
-func WithoutFilter() Option { return func(o *options) { o.noFilter = true } }
-
 // errFilterOff is Status.Reason under WithoutFilter.
 var errFilterOff = errors.New("rrl: kernel filter turned off (WithoutFilter)")
-
-// WithWildcardFunc gives the Handler a function that returns the wildcard origin of
-// a response the inner handler wrote (see ResponseTupleFromMsg), or "" when the
-// response was not synthesised. It is consulted only when the inner handler did not
-// call SetWildcardOrigin.
-func WithWildcardFunc(f func(resp *dns.Msg) string) Option {
-	return func(o *options) { o.wildcard = f }
-}
-
-// WithTCPConnsPerClient sets the concurrent TCP connections each client may hold on
-// a Protection's TCP servers (tcplimit.DefaultConnsPerClient by default).
-func WithTCPConnsPerClient(n int) Option { return func(o *options) { o.tcpPerConn = n } }
-
-// withClock sets the clock server cookies are made and verified with (time.Now by
-// default), for tests. The RRL has its own (Config.SetNowFunc).
-func withClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
-
-// withLimiter makes a Handler hold UDP queries to l's request limits before the
-// inner handler sees them, as a Protection's Handler does where the eBPF filter is
-// not in force; for tests of the Handler alone.
-func withLimiter(l *Limiter) Option { return func(o *options) { o.limiter = l } }
 
 // Protect protects a DNS server serving next over udp (and over TCP through
 // TCPServer) with the limits in cfg (nil means NewConfig()).
@@ -964,4 +904,56 @@ func (p *Protection) Close() error {
 	// hold them to the Go limits from now on.
 	p.remarkAll()
 	return err
+}
+
+// startCapacity starts the controller of p's Go Limiter l when p's Config has
+// capacity on; p.limMu is held.
+func (p *Protection) startCapacity(l *Limiter) {
+	if l == nil || p.limCfg.capacity == 0 || p.capacity != nil {
+		return
+	}
+	src := &limiterCapacity{l: l, conns: p.capacitySockets}
+	p.capacity = startCapacity(p.limCfg, src, limiterNow)
+	l.capacity.Store(p.capacity)
+}
+
+// capacitySockets returns the UDP sockets p serves through servers of its own
+// (Protect, AddUDP): their receive queues are the ones the controller can read.
+func (p *Protection) capacitySockets() []queueSocket {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]queueSocket, 0, len(p.udp))
+	for _, c := range p.udp {
+		out = append(out, queueSocket{key: c, conn: c})
+	}
+	return out
+}
+
+// updateCapacity follows an Update of p to cfg; p.limMu is held. A controller turned
+// off is told to stop, not waited for: it ends at its next sample, and the water
+// level it may still set is nothing to a Limiter whose capacity is off. The Go
+// Limiter, made when a query first needs it, starts its controller then.
+func (p *Protection) updateCapacity(cfg *Config) {
+	l := p.limiter.Load()
+	switch {
+	case l == nil:
+	case p.capacity != nil && cfg.capacity == 0:
+		close(p.capacity.stop)
+		l.capacity.Store(nil)
+		p.capacity = nil
+	case p.capacity != nil:
+		p.capacity.update(cfg)
+	default:
+		p.startCapacity(l)
+	}
+}
+
+// stopCapacity ends p's controller and waits for it. Neither p.mu nor p.limMu may
+// be held: the controller reads p's sockets under p.mu.
+func (p *Protection) stopCapacity() {
+	p.limMu.Lock()
+	r := p.capacity
+	p.capacity = nil
+	p.limMu.Unlock()
+	r.stopAndWait()
 }
