@@ -2,44 +2,10 @@ package rrl
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 
 	"github.com/miekg/dns"
 )
-
-// malformedReason says why a query got an error reply (or none) instead of an
-// answer; HandlerStats.Malformed counts queries by its name.
-type malformedReason uint8
-
-// The reasons. Those up to malformedOther are found by miekg/dns before the Handler
-// runs and counted only on a server set up with ConfigureServer; the Handler finds
-// the others itself.
-const (
-	malformedShort         malformedReason = iota // shorter than a DNS header: no reply
-	malformedResponse                             // QR set, a response: no reply
-	malformedOpcode                               // an opcode other than QUERY and NOTIFY: NOTIMP
-	malformedQuestionCount                        // a QUERY without exactly one question: FORMERR
-	malformedSectionCount                         // more answer, authority or additional records than a query has: FORMERR
-	malformedTruncated                            // a record or question runs past the end: FORMERR
-	malformedName                                 // a reserved label type (a length over 63; miekg/dns reports some bad record data alike), a name over 255 octets, a compression loop: FORMERR
-	malformedOther                                // any other record that does not unpack: FORMERR
-	malformedOPTCount                             // more than one OPT record: FORMERR
-	malformedEDNSVersion                          // an EDNS version above 0: BADVERS
-	malformedLast                                 // number of reasons
-)
-
-var malformedNames = [malformedLast]string{"short", "response", "opcode", "question-count",
-	"section-count", "truncated", "name", "other", "opt-count", "edns-version"}
-
-// String returns the reason's name as the metrics label it: "short", "opcode",
-// "question-count", "name", "edns-version", ...
-func (r malformedReason) String() string {
-	if r < malformedLast {
-		return malformedNames[r]
-	}
-	return fmt.Sprintf("malformedReason(%d)", uint8(r))
-}
 
 // ConfigureServer sets up srv so that no reply leaves it outside h's rate limits.
 // miekg/dns answers malformed queries itself before any handler runs (FORMERR for a
