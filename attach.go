@@ -3,26 +3,14 @@
 package rrl
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
-	"math/bits"
 	"sync"
 	"syscall"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/features"
-	"github.com/cilium/ebpf/rlimit"
 	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/sys/unix"
 )
-
-// layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
-// LAYOUT_VERSION is the same number.
-const layoutVersion = 9
 
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
@@ -50,33 +38,6 @@ type Filter struct {
 	pin      *pinState         // opened from pins (filter_pin.go): Close leaves the pins in place
 	cookies  *kernelCookies    // the secrets of UseCookies (filter_cookies.go)
 	capacity filterCapacity    // the capacity controller (capacity_linux.go)
-}
-
-// kernelObjects are the program and maps production loads: test-only programs and
-// maps in filter_bpf.c stay out of the kernel.
-type kernelObjects struct {
-	Program  *ebpf.Program `ebpf:"rrl_filter"`
-	Cells    *ebpf.Map     `ebpf:"rrl_cells"`
-	Settings *ebpf.Map     `ebpf:"rrl_settings"`
-	Counters *ebpf.Map     `ebpf:"rrl_counters"`
-	Exempt4  *ebpf.Map     `ebpf:"rrl_exempt4"`
-	Exempt6  *ebpf.Map     `ebpf:"rrl_exempt6"`
-	// The server cookie secrets (filter_cookies.go); nil for a pinned filter opened
-	// without write access to them. The lookup's per-CPU scratch map is only the
-	// program's: the loader creates it, and the program holds it.
-	CookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
-	// The groups the request limiter refused lately (filter_limited.go).
-	Limited *ebpf.Map `ebpf:"rrl_limited"`
-}
-
-func (o *kernelObjects) Close() error {
-	var errs []error
-	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets, o.Limited} {
-		if c != nil {
-			errs = append(errs, c.Close())
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // Attach protects conn, a UDP socket (*net.UDPConn, or anything with SyscallConn),
@@ -134,10 +95,6 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	return f, loadErr
 }
 
-// loadKernel loads the production program and maps; tests replace it to make the
-// load fail.
-var loadKernel = loadKernelObjects
-
 // loadAndAttach loads the eBPF filter and attaches it to conn, leaving f in ModeEBPF,
 // or returns why not with everything it made released. The error matches
 // ErrNotPermitted, ErrNotSupported, ErrOptMem or ErrLoadFailed.
@@ -166,54 +123,6 @@ func (f *Filter) loadAndAttach(conn syscall.Conn, id socketID) error {
 		}
 	}
 	return &sysError{op: "rrl: load eBPF filter", sentinel: ErrLoadFailed, err: err}
-}
-
-func loadKernelObjects() (*kernelObjects, error) {
-	// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones ignore it.
-	_ = rlimit.RemoveMemlock()
-	spec, err := loadFilter()
-	if err != nil {
-		return nil, fmt.Errorf("rrl: filter spec: %w", err)
-	}
-	var objs kernelObjects
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		var verr *ebpf.VerifierError
-		if errors.As(err, &verr) {
-			if missing := missingHelper(); missing != nil {
-				return nil, notSupportedError("rrl: load eBPF filter", missing)
-			}
-		}
-		return nil, loadError("rrl: load eBPF filter", err)
-	}
-	return &objs, nil
-}
-
-// requiredHelpers are the helpers of the program that not every kernel this
-// package builds for has, newest first.
-var requiredHelpers = []asm.BuiltinFunc{
-	asm.FnKtimeGetCoarseNs, // Linux 5.11
-	asm.FnJiffies64,        // Linux 5.5
-	asm.FnSkbLoadBytesRelative,
-}
-
-// missingHelper names the first helper the program needs that the kernel lacks for
-// socket filters, or returns nil. The verifier rejects such a program like an unsafe
-// one; probing tells an old kernel from a bug.
-func missingHelper() error {
-	for _, fn := range requiredHelpers {
-		if err := features.HaveProgramHelper(ebpf.SocketFilter, fn); errors.Is(err, ebpf.ErrNotSupported) {
-			return fmt.Errorf("the kernel lacks the helper %s for socket filters: %w", fn, err)
-		}
-	}
-	return nil
-}
-
-func randomSeed() (uint64, error) {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return 0, fmt.Errorf("rrl: seed: %w", err)
-	}
-	return binary.LittleEndian.Uint64(b[:]), nil
 }
 
 func (f *Filter) attachEBPF(conn syscall.Conn, id socketID) error {
@@ -406,119 +315,6 @@ func applyClassic(conn syscall.Conn, cfg *Config) error {
 	}
 	return attachClassic(conn, cfg)
 }
-
-// latticeOf returns the Go Limiter's parameters for cfg: the kernel reads every
-// node's limit, trip count and prefix length from its settings map, taken from them
-// so that the two cannot disagree. SetValue only makes valid Configs; an invalid
-// one limits nothing (every limit 0).
-func latticeOf(cfg *Config) *limiterParams {
-	p, err := newLimiterParams(cfg)
-	if err != nil {
-		return &limiterParams{}
-	}
-	return p
-}
-
-// step is node n's entry in the kernel's settings, without its key masks.
-func (p *limiterParams) step(n int) filterStep {
-	return filterStep{
-		Trip:  uint64(p.trip[n]),
-		Limit: uint64(p.limit[n]),
-		Node:  uint32(n),
-	}
-}
-
-// Each family has room for all its levels plus the port and total nodes.
-var _ [maxRequestLevel + 2]filterStep = filterSettings{}.Step[0]
-
-// steps returns the active steps of a family: 0 IPv6, 1 IPv4.
-func (s *filterSettings) steps(fam int) []filterStep {
-	return s.Step[fam][:min(int(s.Steps[fam]), len(s.Step[fam]))]
-}
-
-// activeNodes returns the step of every node the settings activate, in node order:
-// IPv4 levels, IPv6 levels, port, total.
-func (s *filterSettings) activeNodes() []filterStep {
-	var byNode [numNodes]*filterStep
-	for fam := range s.Step {
-		for i, st := range s.steps(fam) {
-			if int(st.Node) < numNodes {
-				byNode[st.Node] = &s.Step[fam][i]
-			}
-		}
-	}
-	var out []filterStep
-	for _, st := range byNode {
-		if st != nil {
-			out = append(out, *st)
-		}
-	}
-	return out
-}
-
-// prefix is the prefix length of a level step's key (0 for the port and total
-// nodes).
-func (st *filterStep) prefix() uint8 {
-	return uint8(bits.OnesCount64(st.MaskHi) + bits.OnesCount64(st.MaskLo))
-}
-
-// kernelSettings builds the settings map value for cfg.
-func kernelSettings(cfg *Config, seed uint64) *filterSettings {
-	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed), TickNs: coarseTick()}
-	if cfg.reportOnly {
-		s.ReportOnly = 1
-	}
-	lat := latticeOf(cfg)
-	// The C program indexes steps by "is IPv4": [0] IPv6, [1] IPv4.
-	for fam, first := range [2]int{nodeIPv6First, nodeIPv4First} {
-		var steps []filterStep
-		for i := range min(lat.levels[1-fam], maxRequestLevel) {
-			n := first + i
-			st := lat.step(n)
-			if fam == 1 {
-				st.MaskLo = maskIPv4(math.MaxUint32, lat.prefix[n])
-			} else {
-				st.MaskHi, st.MaskLo = maskIPv6(math.MaxUint64, math.MaxUint64, lat.prefix[n])
-			}
-			steps = append(steps, st)
-		}
-		if lat.limit[nodePort] != 0 {
-			st := lat.step(nodePort)
-			st.PortMask = math.MaxUint16
-			steps = append(steps, st)
-		}
-		if lat.limit[nodeTotal] != 0 {
-			steps = append(steps, lat.step(nodeTotal))
-		}
-		for i := range steps {
-			steps[i].Limited = limitedCounter(steps[i].limiterNode())
-		}
-		s.Steps[fam] = uint32(copy(s.Step[fam][:], steps))
-	}
-	for _, p := range cfg.exempt {
-		if p.Addr().Is4() {
-			s.HasExempt4 = 1
-		} else {
-			s.HasExempt6 = 1
-		}
-	}
-	for _, p := range cfg.reflectionPorts {
-		s.ReflectionPorts[p>>6] |= 1 << (p & 63)
-		s.ReflectionBlocks |= 1 << (p >> 10)
-	}
-	return s
-}
-
-// coarseTick returns the resolution of CLOCK_MONOTONIC_COARSE, which is the length
-// of a jiffy: the program counts jiffies and needs it to turn them into nanoseconds.
-// 0 (unknown) makes the program read the coarse clock itself on every packet.
-var coarseTick = sync.OnceValue(func() uint64 {
-	var res unix.Timespec
-	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil || res.Nano() <= 0 {
-		return 0
-	}
-	return uint64(res.Nano())
-})
 
 // writeSettings makes cfg the configuration the kernel runs (filter_settings.go): it checks
 // everything first, and leaves the previous configuration in force on any error.

@@ -20,6 +20,8 @@ package rrl
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"net/netip"
 	"sync"
 	"time"
@@ -223,3 +225,116 @@ func syncTrie[K comparable](m *ebpf.Map, want map[K]bool, mine func(K) bool) err
 	}
 	return nil
 }
+
+// latticeOf returns the Go Limiter's parameters for cfg: the kernel reads every
+// node's limit, trip count and prefix length from its settings map, taken from them
+// so that the two cannot disagree. SetValue only makes valid Configs; an invalid
+// one limits nothing (every limit 0).
+func latticeOf(cfg *Config) *limiterParams {
+	p, err := newLimiterParams(cfg)
+	if err != nil {
+		return &limiterParams{}
+	}
+	return p
+}
+
+// step is node n's entry in the kernel's settings, without its key masks.
+func (p *limiterParams) step(n int) filterStep {
+	return filterStep{
+		Trip:  uint64(p.trip[n]),
+		Limit: uint64(p.limit[n]),
+		Node:  uint32(n),
+	}
+}
+
+// Each family has room for all its levels plus the port and total nodes.
+var _ [maxRequestLevel + 2]filterStep = filterSettings{}.Step[0]
+
+// steps returns the active steps of a family: 0 IPv6, 1 IPv4.
+func (s *filterSettings) steps(fam int) []filterStep {
+	return s.Step[fam][:min(int(s.Steps[fam]), len(s.Step[fam]))]
+}
+
+// activeNodes returns the step of every node the settings activate, in node order:
+// IPv4 levels, IPv6 levels, port, total.
+func (s *filterSettings) activeNodes() []filterStep {
+	var byNode [numNodes]*filterStep
+	for fam := range s.Step {
+		for i, st := range s.steps(fam) {
+			if int(st.Node) < numNodes {
+				byNode[st.Node] = &s.Step[fam][i]
+			}
+		}
+	}
+	var out []filterStep
+	for _, st := range byNode {
+		if st != nil {
+			out = append(out, *st)
+		}
+	}
+	return out
+}
+
+// prefix is the prefix length of a level step's key (0 for the port and total
+// nodes).
+func (st *filterStep) prefix() uint8 {
+	return uint8(bits.OnesCount64(st.MaskHi) + bits.OnesCount64(st.MaskLo))
+}
+
+// kernelSettings builds the settings map value for cfg.
+func kernelSettings(cfg *Config, seed uint64) *filterSettings {
+	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed), TickNs: coarseTick()}
+	if cfg.reportOnly {
+		s.ReportOnly = 1
+	}
+	lat := latticeOf(cfg)
+	// The C program indexes steps by "is IPv4": [0] IPv6, [1] IPv4.
+	for fam, first := range [2]int{nodeIPv6First, nodeIPv4First} {
+		var steps []filterStep
+		for i := range min(lat.levels[1-fam], maxRequestLevel) {
+			n := first + i
+			st := lat.step(n)
+			if fam == 1 {
+				st.MaskLo = maskIPv4(math.MaxUint32, lat.prefix[n])
+			} else {
+				st.MaskHi, st.MaskLo = maskIPv6(math.MaxUint64, math.MaxUint64, lat.prefix[n])
+			}
+			steps = append(steps, st)
+		}
+		if lat.limit[nodePort] != 0 {
+			st := lat.step(nodePort)
+			st.PortMask = math.MaxUint16
+			steps = append(steps, st)
+		}
+		if lat.limit[nodeTotal] != 0 {
+			steps = append(steps, lat.step(nodeTotal))
+		}
+		for i := range steps {
+			steps[i].Limited = limitedCounter(steps[i].limiterNode())
+		}
+		s.Steps[fam] = uint32(copy(s.Step[fam][:], steps))
+	}
+	for _, p := range cfg.exempt {
+		if p.Addr().Is4() {
+			s.HasExempt4 = 1
+		} else {
+			s.HasExempt6 = 1
+		}
+	}
+	for _, p := range cfg.reflectionPorts {
+		s.ReflectionPorts[p>>6] |= 1 << (p & 63)
+		s.ReflectionBlocks |= 1 << (p >> 10)
+	}
+	return s
+}
+
+// coarseTick returns the resolution of CLOCK_MONOTONIC_COARSE, which is the length
+// of a jiffy: the program counts jiffies and needs it to turn them into nanoseconds.
+// 0 (unknown) makes the program read the coarse clock itself on every packet.
+var coarseTick = sync.OnceValue(func() uint64 {
+	var res unix.Timespec
+	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil || res.Nano() <= 0 {
+		return 0
+	}
+	return uint64(res.Nano())
+})

@@ -1,0 +1,99 @@
+//go:build linux
+
+package rrl
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/rlimit"
+)
+
+// layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
+// LAYOUT_VERSION is the same number.
+const layoutVersion = 9
+
+// kernelObjects are the program and maps production loads: test-only programs and
+// maps in filter_bpf.c stay out of the kernel.
+type kernelObjects struct {
+	Program  *ebpf.Program `ebpf:"rrl_filter"`
+	Cells    *ebpf.Map     `ebpf:"rrl_cells"`
+	Settings *ebpf.Map     `ebpf:"rrl_settings"`
+	Counters *ebpf.Map     `ebpf:"rrl_counters"`
+	Exempt4  *ebpf.Map     `ebpf:"rrl_exempt4"`
+	Exempt6  *ebpf.Map     `ebpf:"rrl_exempt6"`
+	// The server cookie secrets (filter_cookies.go); nil for a pinned filter opened
+	// without write access to them. The lookup's per-CPU scratch map is only the
+	// program's: the loader creates it, and the program holds it.
+	CookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
+	// The groups the request limiter refused lately (filter_limited.go).
+	Limited *ebpf.Map `ebpf:"rrl_limited"`
+}
+
+func (o *kernelObjects) Close() error {
+	var errs []error
+	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets, o.Limited} {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// loadKernel loads the production program and maps; tests replace it to make the
+// load fail.
+var loadKernel = loadKernelObjects
+
+// loadKernelObjects loads the program and the maps it uses from the bpf2go spec.
+func loadKernelObjects() (*kernelObjects, error) {
+	// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones ignore it.
+	_ = rlimit.RemoveMemlock()
+	spec, err := loadFilter()
+	if err != nil {
+		return nil, fmt.Errorf("rrl: filter spec: %w", err)
+	}
+	var objs kernelObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			if missing := missingHelper(); missing != nil {
+				return nil, notSupportedError("rrl: load eBPF filter", missing)
+			}
+		}
+		return nil, loadError("rrl: load eBPF filter", err)
+	}
+	return &objs, nil
+}
+
+// requiredHelpers are the helpers of the program that not every kernel this
+// package builds for has, newest first.
+var requiredHelpers = []asm.BuiltinFunc{
+	asm.FnKtimeGetCoarseNs, // Linux 5.11
+	asm.FnJiffies64,        // Linux 5.5
+	asm.FnSkbLoadBytesRelative,
+}
+
+// missingHelper names the first helper the program needs that the kernel lacks for
+// socket filters, or returns nil. The verifier rejects such a program like an unsafe
+// one; probing tells an old kernel from a bug.
+func missingHelper() error {
+	for _, fn := range requiredHelpers {
+		if err := features.HaveProgramHelper(ebpf.SocketFilter, fn); errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("the kernel lacks the helper %s for socket filters: %w", fn, err)
+		}
+	}
+	return nil
+}
+
+func randomSeed() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("rrl: seed: %w", err)
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}
