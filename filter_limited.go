@@ -123,22 +123,6 @@ func (f *Filter) limitedGroupsAt(s *filterSettings, now uint64, wall time.Time) 
 	return out, nil
 }
 
-// groupRate is the current estimate of the node st for the group keyed (hi, lo) as
-// the program keys it: the smaller of its cells, decayed to now.
-func (f *Filter) groupRate(seed uint64, st *filterStep, hi, lo, now uint64) (float64, error) {
-	h := sketchHash(seed, hi, lo)
-	m := ^fixed(0)
-	for row := 0; row < sketchDepth; row++ {
-		var c filterCell
-		idx := uint32((int(st.Node)*sketchDepth+row)*sketchWidth) + sketchIndex(h, row)
-		if err := f.objs.Cells.Lookup(idx, &c); err != nil {
-			return 0, fmt.Errorf("rrl: read sketch cell %d: %w", idx, err)
-		}
-		m = min(m, cellRate(fixed(c.Count), c.Last, now))
-	}
-	return m.Float64(), nil
-}
-
 // limitedPrefix turns a recorded key into the group's prefix: the masked source at a
 // level, 0.0.0.0/0 for the port and total nodes.
 func limitedPrefix(node LimiterNode, hi, lo uint64) netip.Prefix {

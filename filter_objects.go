@@ -97,3 +97,75 @@ func randomSeed() (uint64, error) {
 	}
 	return binary.LittleEndian.Uint64(b[:]), nil
 }
+
+// Indexes of struct counters in filter_bpf.c (enum counter).
+const (
+	counterSeen = iota
+	counterPassed
+	counterNotDNS
+	counterDropShort
+	counterDropResponse
+	counterDropReflection
+	counterExempt
+	counterReportOnly
+	counterError
+	counterLimited0 // the first of numLimited: see limitedCounter
+)
+
+// The cookie counters follow the limited ones (enum counter).
+const (
+	counterCookiePassed = counterLimited0 + numLimited + iota
+	counterCookieInvalid
+	counterMax
+)
+
+// numLimited is the number of limited counters: one for every IPv4 and IPv6 prefix
+// length, the port node and the total node (NUM_LIMITED in filter_bpf.c).
+const numLimited = 33 + 129 + 2
+
+// The counters struct generated from filter_bpf.c must have one slot per counter.
+var _ [counterMax]struct{} = [len(filterCounters{}.Value)]struct{}{}
+
+// limitedCounter returns which limited counter (counterLimited0 + i) counts the
+// packets node limited: IPv4 prefix lengths first, then IPv6 ones, then the port
+// and total nodes.
+func limitedCounter(node LimiterNode) uint32 {
+	plen := uint32(node & 0xff)
+	switch node &^ 0xff {
+	case nodeTagIPv4:
+		return min(plen, 32)
+	case nodeTagIPv6:
+		return 33 + min(plen, 128)
+	case NodePort:
+		return 33 + 129
+	}
+	return 33 + 129 + 1
+}
+
+// limitedNode is the node whose limited counter is i: the inverse of
+// limitedCounter.
+func limitedNode(i uint32) LimiterNode {
+	switch {
+	case i <= 32:
+		return nodeTagIPv4 | LimiterNode(i)
+	case i < 33+129:
+		return nodeTagIPv6 | LimiterNode(i-33)
+	case i == 33+129:
+		return NodePort
+	}
+	return NodeTotal
+}
+
+// limiterNode names the node a step judges: a level by its family and prefix
+// length, as the kernel's masks give it, or the port or total node.
+func (st *filterStep) limiterNode() LimiterNode {
+	switch node := int(st.Node); {
+	case node < nodeIPv6First:
+		return nodeTagIPv4 | LimiterNode(st.prefix())
+	case node < nodePort:
+		return nodeTagIPv6 | LimiterNode(st.prefix())
+	case node == nodePort:
+		return NodePort
+	}
+	return NodeTotal
+}
