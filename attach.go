@@ -5,6 +5,7 @@ package rrl
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -336,4 +337,60 @@ func (f *Filter) writeSettings(cfg *Config) error {
 		beforeFlip = func(slot uint8) error { return f.pin.saveConfig(slot, text) }
 	}
 	return f.objs.settingsMaps().apply(cfg, f.seed, beforeFlip)
+}
+
+// socketOwners is which Filter of this process attached each socket last (see
+// attach_sockets.go).
+var socketOwners = struct {
+	sync.Mutex
+	m map[socketID]*Filter
+}{m: map[socketID]*Filter{}}
+
+// own records that f attached the socket last, through conn: from now on f reaches
+// the socket through conn first, whichever descriptor it knew before.
+func (f *Filter) own(conn syscall.Conn, id socketID) {
+	socketOwners.Lock()
+	socketOwners.m[id] = f
+	socketOwners.Unlock()
+	local := localAddr(conn)
+	for _, s := range f.sockets {
+		if s.id == id {
+			s.conn, s.local = conn, local
+			return
+		}
+	}
+	f.sockets = append(f.sockets, &attachedSocket{conn: conn, id: id, local: local})
+}
+
+// owns reports whether f is still the last Filter that attached s.
+func (f *Filter) owns(s *attachedSocket) bool {
+	socketOwners.Lock()
+	defer socketOwners.Unlock()
+	return socketOwners.m[s.id] == f
+}
+
+// disown forgets f's claim on s, leaving a later owner's in place.
+func (f *Filter) disown(s *attachedSocket) {
+	socketOwners.Lock()
+	if socketOwners.m[s.id] == f {
+		delete(socketOwners.m, s.id)
+	}
+	socketOwners.Unlock()
+}
+
+// forget drops s, a socket that is gone, from f.
+func (f *Filter) forget(s *attachedSocket) {
+	f.disown(s)
+	f.sockets = slices.DeleteFunc(f.sockets, func(o *attachedSocket) bool { return o == s })
+}
+
+// ownedSockets returns the sockets f still owns.
+func (f *Filter) ownedSockets() []*attachedSocket {
+	var out []*attachedSocket
+	for _, s := range f.sockets {
+		if f.owns(s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
