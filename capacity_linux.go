@@ -45,6 +45,9 @@ func readSocketQueue(conn syscall.Conn) (queued, size, drops uint32, err error) 
 type filterCapacity struct {
 	run   *capacityRun
 	level float64 // the water level in the kernel's settings; 0: none
+	// published: a pinned filter's controller (RunCapacity, capacity_pin.go) has
+	// published its status in the pins, and must publish that it stopped.
+	published bool
 }
 
 // capacityConfig returns the Config to write to the kernel for cfg: cfg itself, or a
@@ -62,6 +65,14 @@ func (f *Filter) capacityConfig(cfg *Config) *Config {
 // A controller told to stop ends at its next sample; it touches nothing once it is
 // no longer f's.
 func (f *Filter) capacityUpdated() {
+	if f.pin != nil {
+		// A pinned filter's controller runs in RunCapacity, whatever the capacity
+		// keyword says (it waits while the mode is off), and follows the pins.
+		if r := f.capacity.run; r != nil {
+			r.update(f.cfg)
+		}
+		return
+	}
 	on := f.cfg.capacity != 0 && f.mode == ModeEBPF && f.pin == nil
 	switch r := f.capacity.run; {
 	case on && r == nil:
@@ -91,9 +102,8 @@ func (f *Filter) capacityStats() *CapacityStats {
 	if f.cfg == nil || f.cfg.capacity == 0 {
 		return nil
 	}
-	if f.pin != nil {
-		return &CapacityStats{Auto: f.cfg.capacity < 0, Capacity: max(f.cfg.capacity, 0),
-			Problem: "rrl: capacity: a pinned filter's limits are the pins'; no controller runs for it in this process"}
+	if f.pin != nil && f.capacity.run == nil {
+		return f.pinnedCapacityStats() // capacity_pin.go
 	}
 	return f.capacity.run.stats()
 }
@@ -105,6 +115,12 @@ var errCapacityStopped = errors.New("rrl: capacity controller stopped")
 type kernelCapacity struct {
 	f   *Filter
 	run *capacityRun
+	// For a pinned filter (RunCapacity, capacity_pin.go): the sockets it is given,
+	// the settings' generation after its last write or read, and whether another
+	// process's write lifted the level, which must then be written again.
+	watched []syscall.Conn
+	gen     uint64
+	rewrite bool
 
 	queues queueWatch
 	mem    *ebpf.Memory
@@ -128,9 +144,15 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	}
 	// The sockets first, then the counters: the program counts a drop before the
 	// socket does, so the difference (overflow) is never counted ahead of time.
+	if f.pin != nil {
+		k.followPins() // capacity_pin.go
+	}
 	var socks []queueSocket
 	for _, s := range f.ownedSockets() {
 		socks = append(socks, queueSocket{key: s.id, conn: s.conn})
+	}
+	for i, c := range k.watched {
+		socks = append(socks, queueSocket{key: watchedKey(i), conn: c})
 	}
 	in := k.queues.read(socks)
 	var perCPU []filterCounters
@@ -195,11 +217,21 @@ func (k *kernelCapacity) apply(level float64) error {
 	if !k.mine() {
 		return nil
 	}
+	if f.pin != nil {
+		// Never write back a Config another process replaced meanwhile.
+		f.refreshPinnedConfig()
+	}
 	prev := f.capacity.level
 	f.capacity.level = level
 	if err := f.writeSettings(f.cfg); err != nil {
 		f.capacity.level = prev
 		return fmt.Errorf("rrl: capacity: write the limits: %w", err)
 	}
+	if f.pin != nil {
+		k.gen = f.settingsGeneration()
+	}
 	return nil
 }
+
+// watchedKey identifies a socket given to RunCapacity in queueWatch.
+type watchedKey int

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/internal/procsock"
+	"golang.org/x/sys/unix"
+)
+
+// controlSignals end rrlctl control; tests send them to their own process.
+var controlSignals = []os.Signal{os.Interrupt, syscall.SIGTERM}
+
+var controlCommand = &command{
+	name:        "control",
+	args:        "[-pid PID -listen ADDR:PORT] [-pin DIR] [-interval 1s]",
+	summary:     "run the capacity controller of a pinned filter (long-running)",
+	pinOptional: true,
+	help: `Run the capacity controller (configuration keyword capacity: auto or queries per
+second) of the filter pinned in DIR until SIGINT or SIGTERM. A pinned filter
+runs no controller by itself: without one, capacity limits nothing (the
+static limits, requests-per-second, stay in force).
+
+With -pid and -listen it samples the receive queues of every UDP socket process
+PID has bound to ADDR:PORT (an SO_REUSEPORT group included; copies taken with
+pidfd_getfd, so root or CAP_SYS_PTRACE over PID is needed), the sockets "rrlctl
+attach" put the filter on; each must carry an eBPF filter. With "capacity auto"
+the queues are what it measures the server's capacity from; with a configured
+capacity it works from the filter's counters alone, and -pid may be left out.
+It exits when process PID does: a restarted server has new sockets (run
+"rrlctl attach" and this command again with its new PID; with systemd, bind the
+unit to the server's).
+
+It follows the capacity keyword and the limits stored in DIR ("rrlctl set"
+takes effect at the next sample), writes the water level into the pinned
+settings for every process attached to them, publishes its status for "rrlctl
+stats", and prints a line when an overload starts or ends or a problem appears.
+One controller runs per pin directory (it holds an flock on DIR): a second
+one, or a server running one (rrl.Filter.RunCapacity), makes this command fail.
+On SIGINT or SIGTERM it lifts the water level (the static limits stay) and exits
+0. Killed otherwise (SIGKILL, a crash), it leaves its last level in force until
+a controller starts again (which lifts it first) or "rrlctl set" writes the
+settings; "rrlctl stats" says so. Needs write access to the pins.`,
+	run: func(c *cli, fs *flag.FlagSet, args []string) error {
+		var t targetFlags
+		t.define(fs)
+		interval := fs.Duration("interval", 250*time.Millisecond, "how often to check the controller's state and print changes")
+		if err := c.parseFlags(fs, args); err != nil {
+			return err
+		}
+		if *interval < 10*time.Millisecond {
+			return usagef("-interval %v: want at least 10ms", *interval)
+		}
+		if t.pid != 0 || t.listen != "" {
+			if err := t.check(c); err != nil {
+				return err
+			}
+		} else if c.pin == "" {
+			return usagef("-pin DIR, or -pid PID -listen ADDR:PORT, is required")
+		}
+		f, err := rrl.OpenPinned(c.pin)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		var conns []syscall.Conn
+		var exited <-chan struct{}
+		where := "no socket"
+		if t.pid != 0 {
+			copies, socks, err := procsock.Copy(t.pid, t.local)
+			if err != nil {
+				return err
+			}
+			defer closeAll(copies)
+			for i, k := range copies {
+				kind, err := procsock.AttachedFilter(k)
+				if err != nil {
+					return fmt.Errorf("%s: %w", describe(socks[i:i+1]), err)
+				}
+				if kind != procsock.EBPFFilter {
+					return fmt.Errorf("%s has no eBPF filter (%s): run rrlctl attach first", describe(socks[i:i+1]), kind)
+				}
+				conns = append(conns, k)
+			}
+			if exited, err = processExit(t.pid); err != nil {
+				return err
+			}
+			where = fmt.Sprintf("%d socket(s) of process %d: %s", len(socks), t.pid, describe(socks))
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), controlSignals...)
+		defer stop()
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		done := make(chan error, 1)
+		go func() { done <- f.RunCapacity(ctx, conns...) }()
+		capacity := "off"
+		for _, kv := range f.Config().Values() {
+			if kv[0] == "capacity" && kv[1] != "" && kv[1] != "0" {
+				capacity = kv[1]
+			}
+		}
+		fmt.Fprintf(c.stdout, "controlling the capacity of %s (capacity %s) from %s\n", c.pin, capacity, where)
+		tick := time.NewTicker(*interval)
+		defer tick.Stop()
+		var last rrl.CapacityStats
+		for {
+			select {
+			case err := <-done:
+				if err == nil {
+					if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+						err = cause
+					} else {
+						fmt.Fprintf(c.stdout, "stopped: the water level is lifted, the static limits are in force\n")
+					}
+				}
+				return err
+			case <-exited:
+				exited = nil
+				cancel(fmt.Errorf("process %d exited; the water level is lifted, the static limits are in force", t.pid))
+			case <-tick.C:
+				st, err := f.Stats()
+				if err != nil || st.Capacity == nil {
+					continue
+				}
+				reportCapacity(c, &last, *st.Capacity)
+			}
+		}
+	},
+}
+
+// reportCapacity prints what changed from last to cur: an overload's start or end,
+// a problem appearing or going.
+func reportCapacity(c *cli, last *rrl.CapacityStats, cur rrl.CapacityStats) {
+	now := time.Now().Format(time.DateTime)
+	switch {
+	case cur.Problem != last.Problem && cur.Problem != "":
+		fmt.Fprintf(c.stdout, "%s problem: %s\n", now, cur.Problem)
+	case cur.Problem != last.Problem:
+		fmt.Fprintf(c.stdout, "%s problem solved\n", now)
+	}
+	switch {
+	case cur.Overloaded && !last.Overloaded:
+		fmt.Fprintf(c.stdout, "%s overload: capacity %.0f/s, demand %.0f/s, water level %.4g/s\n", now, cur.Capacity, cur.Demand, cur.Level)
+	case !cur.Overloaded && last.Overloaded:
+		fmt.Fprintf(c.stdout, "%s overload over: limits lifted (capacity %.0f/s)\n", now, cur.Capacity)
+	}
+	*last = cur
+}
+
+// processExit returns a channel closed when process pid exits.
+func processExit(pid int) (<-chan struct{}, error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	ch := make(chan struct{})
+	go func() {
+		defer unix.Close(pidfd)
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, -1)
+			if err == nil && n > 0 || err != nil && !errors.Is(err, unix.EINTR) {
+				close(ch)
+				return
+			}
+		}
+	}()
+	return ch, nil
+}
