@@ -124,7 +124,12 @@ type kernelCapacity struct {
 
 	queues queueWatch
 	mem    *ebpf.Memory
-	cells  []byte // one node's cells, read from mem
+	ro     []byte // or a copy of all cells read by batches (readCellsBatch), when batch
+	batch  bool
+	// cellsRW is rrl_cells of a pinned filter opened read-write for the mapping
+	// (RunCapacity, when permitted), closed by closeCells.
+	cellsRW *ebpf.Map
+	cells  []byte // one node's cells, read from mem or ro
 	params *limiterParams
 	cfg    *Config // params is latticeOf(cfg)
 	cellsS capacityScratch
@@ -186,12 +191,27 @@ func (k *kernelCapacity) nodes(now int64) []capacityNode {
 	if !k.mine() {
 		return nil
 	}
-	if k.mem == nil {
-		mem, err := f.objs.Cells.Memory()
+	if k.mem == nil && k.ro == nil {
+		cells := f.objs.Cells
+		if k.cellsRW != nil {
+			cells = k.cellsRW
+		}
+		mem, err := cells.Memory()
 		if err != nil {
-			return nil // not mappable: no node, so no water level
+			// The kernel maps a bpf map only through a descriptor opened for
+			// writing (a read-only file loses VM_SHARED, which it requires):
+			// without one, read the whole sketch by batches.
+			if k.ro, err = readCellsBatch(f.objs.Cells, k.ro); err != nil {
+				return nil // unreadable: no node, so no water level
+			}
+			k.batch = true
 		}
 		k.mem, k.cells = mem, make([]byte, sketchDepth*sketchWidth*cellBytes)
+	} else if k.batch {
+		var err error
+		if k.ro, err = readCellsBatch(f.objs.Cells, k.ro); err != nil {
+			return nil
+		}
 	}
 	if k.cfg != f.cfg {
 		k.cfg, k.params = f.cfg, latticeOf(f.cfg)
@@ -200,7 +220,14 @@ func (k *kernelCapacity) nodes(now int64) []capacityNode {
 	read := func(n, row, col int) (fixed, uint64) {
 		if n != node {
 			node = n
-			if _, err := k.mem.ReadAt(k.cells, int64(n*len(k.cells))); err != nil {
+			switch off := n * len(k.cells); {
+			case k.ro != nil && off+len(k.cells) <= len(k.ro):
+				copy(k.cells, k.ro[off:])
+			case k.mem != nil:
+				if _, err := k.mem.ReadAt(k.cells, int64(off)); err != nil {
+					clear(k.cells)
+				}
+			default:
 				clear(k.cells)
 			}
 		}
@@ -235,3 +262,42 @@ func (k *kernelCapacity) apply(level float64) error {
 
 // watchedKey identifies a socket given to RunCapacity in queueWatch.
 type watchedKey int
+
+// readCellsBatch reads every cell of m into buf (reused when large enough), laid
+// out as the memory map has them.
+func readCellsBatch(m *ebpf.Map, buf []byte) ([]byte, error) {
+	n := int(m.MaxEntries())
+	size := n * cellBytes
+	if cap(buf) < size {
+		buf = make([]byte, size)
+	}
+	buf = buf[:size]
+	const chunk = 4096
+	keys := make([]uint32, chunk)
+	vals := make([]byte, chunk*cellBytes)
+	var cursor ebpf.MapBatchCursor
+	for {
+		got, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < got; i++ {
+			if k := int(keys[i]); k < n {
+				copy(buf[k*cellBytes:(k+1)*cellBytes], vals[i*cellBytes:])
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// closeCells closes what the controller opened to read the cells, once it stopped.
+func (k *kernelCapacity) closeCells() {
+	k.f.mu.Lock()
+	defer k.f.mu.Unlock()
+	if k.cellsRW != nil {
+		k.cellsRW.Close()
+		k.cellsRW, k.mem = nil, nil
+	}
+}

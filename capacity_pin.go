@@ -225,6 +225,11 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 		return fmt.Errorf("rrl: run capacity controller: %w", err)
 	}
 	k := &kernelCapacity{f: f, watched: conns}
+	// The cells are read through a memory map, which needs a descriptor opened for
+	// writing: root's; others read them by batches.
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(f.pin.dir, pinCells), nil); err == nil {
+		k.cellsRW = m
+	}
 	k.gen = f.settingsGeneration()
 	r := startCapacity(f.cfg, k, monotonicNow)
 	k.run = r
@@ -241,6 +246,7 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 	}
 	f.mu.Unlock()
 	r.stopAndWait()
+	k.closeCells()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.liftPinnedLevel()
