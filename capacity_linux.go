@@ -129,10 +129,10 @@ type kernelCapacity struct {
 	// cellsRW is rrl_cells of a pinned filter opened read-write for the mapping
 	// (RunCapacity, when permitted), closed by closeCells.
 	cellsRW *ebpf.Map
-	cells  []byte // one node's cells, read from mem or ro
-	params *limiterParams
-	cfg    *Config // params is latticeOf(cfg)
-	cellsS capacityScratch
+	cells   []byte // one node's cells, read from mem or ro
+	params  *limiterParams
+	cfg     *Config // params is latticeOf(cfg)
+	cellsS  capacityScratch
 }
 
 // mine reports whether k's controller is still its Filter's. f.mu is held.

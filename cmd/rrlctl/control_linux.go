@@ -51,6 +51,8 @@ settings; "rrlctl stats" says so. Needs write access to the pins.`,
 	run: func(c *cli, fs *flag.FlagSet, args []string) error {
 		var t targetFlags
 		t.define(fs)
+		fs.Lookup("pid").Usage = "the server's process `id`, whose sockets on -listen are sampled (optional with a configured capacity)"
+		fs.Lookup("listen").Usage = "the server's UDP `address:port` (0.0.0.0 or [::] for every address on the port; with -pid)"
 		interval := fs.Duration("interval", 250*time.Millisecond, "how often to check the controller's state and print changes")
 		if err := c.parseFlags(fs, args); err != nil {
 			return err
