@@ -118,6 +118,7 @@ type kernelCapacity struct {
 	// For a pinned filter (RunCapacity, capacity_pin.go): the sockets it is given,
 	// the settings' generation after its last write or read, and whether another
 	// process's write lifted the level, which must then be written again.
+	pinned  bool
 	watched []syscall.Conn
 	gen     uint64
 	rewrite bool

@@ -224,7 +224,7 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 		f.mu.Unlock()
 		return fmt.Errorf("rrl: run capacity controller: %w", err)
 	}
-	k := &kernelCapacity{f: f, watched: conns}
+	k := &kernelCapacity{f: f, watched: conns, pinned: true}
 	// The cells are read through a memory map, which needs a descriptor opened for
 	// writing: root's; others read them by batches.
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(f.pin.dir, pinCells), nil); err == nil {
@@ -335,6 +335,9 @@ func (k *kernelCapacity) followPins() {
 
 // takeRewrite reports once that the level must be written again.
 func (k *kernelCapacity) takeRewrite() bool {
+	if !k.pinned {
+		return false
+	}
 	f := k.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -345,6 +348,9 @@ func (k *kernelCapacity) takeRewrite() bool {
 
 // publish puts the controller's status in the pins.
 func (k *kernelCapacity) publish(st CapacityStats) {
+	if !k.pinned {
+		return
+	}
 	f := k.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
