@@ -159,17 +159,27 @@ func (f *Filter) pinnedCapacityStats() *CapacityStats {
 		return idle
 	}
 	age := time.Duration(monotonicNow() - pc.heartbeat)
-	if age <= capStatusStale {
+	switch pinDirLocked(f.pin.dir) {
+	case lockHeld:
 		s := pc.stats
+		if age > capStatusStale {
+			s.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) published nothing for %s", f.pin.dir, pc.pid, age.Round(time.Second))
+		}
 		return &s
+	case lockUnknown:
+		if age <= capStatusStale {
+			s := pc.stats
+			return &s
+		}
 	}
+	// Its process is gone: it died without publishing that it stopped.
 	if pc.stats.Level > 0 {
 		idle.Level, idle.Overloaded = pc.stats.Level, true
-		idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) stopped %s ago without lifting its water level %.4g: it stays in force until a controller starts (rrlctl control) or the configuration is written again (rrlctl set)",
+		idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago without lifting its water level %.4g: it stays in force until a controller starts (rrlctl control) or the configuration is written again (rrlctl set)",
 			f.pin.dir, pc.pid, age.Round(time.Second), pc.stats.Level)
 		return idle
 	}
-	idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) stopped %s ago; no controller runs: the static limits are in force", f.pin.dir, pc.pid, age.Round(time.Second))
+	idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago; no controller runs: the static limits are in force", f.pin.dir, pc.pid, age.Round(time.Second))
 	return idle
 }
 
@@ -252,11 +262,51 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 	return f.liftPinnedLevel()
 }
 
+// Whether a controller holds the lock of a pin directory (pinDirLocked).
+const (
+	lockUnknown = iota
+	lockHeld
+	lockFree
+)
+
+// pinDirLocked tells whether a controller holds the lock on dir, by trying a shared
+// lock and letting go of it at once: the kernel drops a dead process's lock, in
+// whatever pid namespace it ran. A controller that starts at that very moment
+// tries again (lockPinDir).
+func pinDirLocked(dir string) int {
+	d, err := os.Open(dir)
+	if err != nil {
+		return lockUnknown
+	}
+	defer d.Close()
+	switch err := unix.Flock(int(d.Fd()), unix.LOCK_SH|unix.LOCK_NB); {
+	case errors.Is(err, unix.EWOULDBLOCK):
+		return lockHeld
+	case err != nil:
+		return lockUnknown
+	}
+	unix.Flock(int(d.Fd()), unix.LOCK_UN)
+	return lockFree
+}
+
+// lockTries is how many times lockPinDir tries the lock, lockRetry apart: a
+// reader's probe (pinDirLocked) holds it for microseconds.
+const (
+	lockTries = 5
+	lockRetry = 5 * time.Millisecond
+)
+
 // lockPinDir takes the controller's lock on the pin directory.
 func lockPinDir(p *pinState) (*os.File, error) {
 	d, err := os.Open(p.dir)
 	if err != nil {
 		return nil, fmt.Errorf("rrl: run capacity controller: %w", err)
+	}
+	for i := 1; i < lockTries; i++ {
+		if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); !errors.Is(err, unix.EWOULDBLOCK) {
+			break
+		}
+		time.Sleep(lockRetry)
 	}
 	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		d.Close()

@@ -2,12 +2,13 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -102,42 +103,7 @@ func TestControl(t *testing.T) {
 			static := nodeLimits(t, f)
 			dst := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 
-			// The server: one query every 2 ms, whatever arrives.
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			defer func() { close(stop); wg.Wait() }()
-			wg.Add(2)
-			go func() {
-				defer wg.Done()
-				buf := make([]byte, 512)
-				tick := time.NewTicker(2 * time.Millisecond)
-				defer tick.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-tick.C:
-					}
-					conn.SetReadDeadline(time.Now().Add(time.Millisecond))
-					conn.ReadFromUDPAddrPort(buf)
-				}
-			}()
-			// The flood: 25 queries every 5 ms from 400 addresses in four /24s, for
-			// at most 6 s.
-			go func() {
-				defer wg.Done()
-				tick := time.NewTicker(5 * time.Millisecond)
-				defer tick.Stop()
-				for i := 0; i < 1200; i++ {
-					select {
-					case <-stop:
-						return
-					case <-tick.C:
-					}
-					src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 9, byte(i % 4), byte(1 + i%100)}), 40000)
-					sendQueries(t, src, dst, 25)
-				}
-			}()
+			defer overload(t, conn)()
 
 			args := []string{"control", "-pin", pin, "-interval", "20ms"}
 			if tc.sockets {
@@ -214,6 +180,48 @@ func TestControl(t *testing.T) {
 	}
 }
 
+// overload makes conn's server slower than its traffic until the returned function
+// is called: a reader takes one query every 2 ms (500 per second) while 25 queries
+// arrive every 5 ms (5,000 per second) from 400 addresses in four /24s, for at most
+// 6 s.
+func overload(t *testing.T, conn *net.UDPConn) (stop func()) {
+	dst := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		buf := make([]byte, 512)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+			conn.ReadFromUDPAddrPort(buf)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; i < 1200; i++ {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 9, byte(i % 4), byte(1 + i%100)}), 40000)
+			sendQueries(t, src, dst, 25)
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); wg.Wait() }) }
+}
+
 func mapsEqual[K comparable](a, b map[K]float64) bool {
 	if len(a) != len(b) {
 		return false
@@ -226,4 +234,190 @@ func mapsEqual[K comparable](a, b map[K]float64) bool {
 	return true
 }
 
-var _ = errors.New
+// The test binary runs as rrlctl, or as a server of a pinned filter, when these are
+// set, so that tests can kill an rrlctl or a server process.
+const (
+	childArgsEnv  = "RRLCTL_TEST_ARGS"  // rrlctl's arguments, separated by \x1f
+	childServeEnv = "RRLCTL_TEST_SERVE" // a pin directory: serve a socket through it
+)
+
+func TestMain(m *testing.M) {
+	if args := os.Getenv(childArgsEnv); args != "" {
+		os.Exit(run(strings.Split(args, "\x1f"), os.Stdout, os.Stderr))
+	}
+	if pin := os.Getenv(childServeEnv); pin != "" {
+		os.Exit(servePinned(pin))
+	}
+	os.Exit(m.Run())
+}
+
+// servePinned is a server process: a loopback UDP socket with the filter pinned in
+// pin, its address on stdout, never read, until stdin closes.
+func servePinned(pin string) int {
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	f, err := rrl.AttachPinned(conn, pin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer f.Close()
+	fmt.Println(conn.LocalAddr())
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// child starts the test binary with env set, and kills it at cleanup.
+func child(t *testing.T, env string, stdin io.Reader) (*exec.Cmd, *syncBuffer) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr, cmd.Stdin = out, out, stdin
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd, out
+}
+
+// pinnedSocket loads a filter with capacity into a new pin directory under root
+// and attaches it to a loopback socket of this process.
+func pinnedSocket(t *testing.T, pin, capacity string) (*net.UDPConn, *rrl.Filter, map[rrl.LimiterNode]float64) {
+	t.Helper()
+	if code, out, errOut := rrlctl("load", "-pin", pin, "-capacity", capacity); code != exitOK {
+		t.Fatalf("load: exit %d: %s%s", code, out, errOut)
+	}
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.SetReadBuffer(16 << 10); err != nil {
+		t.Fatal(err)
+	}
+	f, err := rrl.AttachPinned(conn, pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return conn, f, nodeLimits(t, f)
+}
+
+// levelled reports whether some level of f runs below its static limit.
+func levelled(t *testing.T, f *rrl.Filter, static map[rrl.LimiterNode]float64) bool {
+	for node, l := range nodeLimits(t, f) {
+		if l < static[node] {
+			return true
+		}
+	}
+	return false
+}
+
+// TestControlKilled kills rrlctl control (SIGKILL) while its water level is in
+// force: the level stays, stats says that the controller died without lifting it,
+// and the next control lifts it as it starts.
+func TestControlKilled(t *testing.T) {
+	pin := filepath.Join(bpffs(t), "rrl")
+	conn, f, static := pinnedSocket(t, pin, "1000")
+	dst := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	stopFlood := overload(t, conn)
+	defer stopFlood()
+	ctl, ctlOut := child(t, childArgsEnv+"="+strings.Join([]string{"control", "-pin", pin, "-pid", strconv.Itoa(os.Getpid()), "-listen", dst.String()}, "\x1f"), nil)
+	if !waitFor(5*time.Second, func() bool { return levelled(t, f, static) }) {
+		t.Fatalf("no water level in force after 5 s of flood; control:\n%s", ctlOut.String())
+	}
+	ctl.Process.Kill()
+	ctl.Wait()
+	stopFlood()
+	st, err := f.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.Capacity; c == nil || c.Level <= 0 || !strings.Contains(c.Problem, fmt.Sprintf("(pid %d) died", ctl.Process.Pid)) || !strings.Contains(c.Problem, "without lifting") {
+		t.Errorf("capacity after control was killed: %+v", c)
+	}
+	if !levelled(t, f, static) {
+		t.Errorf("the level of the killed controller is gone: %v", nodeLimits(t, f))
+	}
+	if c, so, _ := rrlctl("stats", "-pin", pin); c != exitOK || !strings.Contains(so, "without lifting its water level") {
+		t.Errorf("stats after control was killed: exit %d:\n%s", c, so)
+	}
+
+	// The next controller lifts it as it starts (the flood is over, so no new one).
+	var out, errOut syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run([]string{"control", "-pin", pin, "-pid", strconv.Itoa(os.Getpid()), "-listen", dst.String()}, &out, &errOut)
+	}()
+	if !waitFor(2*time.Second, func() bool { return !levelled(t, f, static) }) {
+		t.Errorf("the next control left the level in force: %v\n%s%s", nodeLimits(t, f), out.String(), errOut.String())
+	}
+	if !waitFor(2*time.Second, func() bool { return strings.Contains(out.String(), "controlling") }) {
+		t.Fatalf("control did not start: %s%s", out.String(), errOut.String())
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	select {
+	case c := <-code:
+		if c != exitOK {
+			t.Errorf("control after SIGTERM: exit %d: %s%s", c, out.String(), errOut.String())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("control did not stop on SIGTERM")
+	}
+}
+
+// TestControlTargetExits: control watches another process's socket, and exits,
+// lifting its level and closing its copies of the socket, when that process exits.
+func TestControlTargetExits(t *testing.T) {
+	pin := filepath.Join(bpffs(t), "rrl")
+	if code, out, errOut := rrlctl("load", "-pin", pin, "-capacity", "auto"); code != exitOK {
+		t.Fatalf("load: exit %d: %s%s", code, out, errOut)
+	}
+	stdin, closeStdin := io.Pipe()
+	srv, srvOut := child(t, childServeEnv+"="+pin, stdin)
+	var addr netip.AddrPort
+	if !waitFor(5*time.Second, func() bool {
+		var err error
+		addr, err = netip.ParseAddrPort(strings.TrimSpace(srvOut.String()))
+		return err == nil
+	}) {
+		t.Fatalf("server did not start: %s", srvOut.String())
+	}
+	var out, errOut syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run([]string{"control", "-pin", pin, "-pid", strconv.Itoa(srv.Process.Pid), "-listen", addr.String()}, &out, &errOut)
+	}()
+	if !waitFor(5*time.Second, func() bool { return strings.Contains(out.String(), "controlling") }) {
+		t.Fatalf("control did not start: %s%s", out.String(), errOut.String())
+	}
+	closeStdin.Close() // the server exits
+	srv.Wait()
+	select {
+	case c := <-code:
+		if c != exitError || !strings.Contains(errOut.String(), fmt.Sprintf("process %d exited", srv.Process.Pid)) {
+			t.Errorf("control after its server exited: exit %d: %s%s", c, out.String(), errOut.String())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("control did not stop when its server exited")
+	}
+	// Its copies are closed: the port is free again.
+	if c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr)); err != nil {
+		t.Errorf("the server's port is still taken after control exited: %v", err)
+	} else {
+		c.Close()
+	}
+	if f, err := rrl.OpenPinned(pin); err != nil {
+		t.Error(err)
+	} else {
+		st, _ := f.Stats()
+		if st.Capacity == nil || !strings.Contains(st.Capacity.Problem, "no controller runs") {
+			t.Errorf("capacity after control exited: %+v", st.Capacity)
+		}
+		f.Close()
+	}
+}
