@@ -275,13 +275,14 @@ func readCellsBatch(m *ebpf.Map, buf []byte) ([]byte, error) {
 	buf = buf[:size]
 	const chunk = 4096
 	keys := make([]uint32, chunk)
-	vals := make([]byte, chunk*cellBytes)
+	vals := make([]filterCell, chunk)
 	var cursor ebpf.MapBatchCursor
 	for {
 		got, err := m.BatchLookup(&cursor, keys, vals, nil)
 		for i := 0; i < got; i++ {
 			if k := int(keys[i]); k < n {
-				copy(buf[k*cellBytes:(k+1)*cellBytes], vals[i*cellBytes:])
+				binary.NativeEndian.PutUint64(buf[k*cellBytes:], vals[i].Count)
+				binary.NativeEndian.PutUint64(buf[k*cellBytes+8:], vals[i].Last)
 			}
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {

@@ -115,6 +115,7 @@ func TestControl(t *testing.T) {
 			if !waitFor(5*time.Second, func() bool { return strings.Contains(out.String(), "controlling") }) {
 				t.Fatalf("control did not start: %s%s", out.String(), errOut.String())
 			}
+			lifted := func() bool { return mapsEqual(nodeLimits(t, f), static) }
 			var capst *rrl.CapacityStats
 			read := func() *rrl.CapacityStats {
 				st, err := f.Stats()
@@ -152,6 +153,36 @@ func TestControl(t *testing.T) {
 				if !waitFor(time.Second, func() bool { return strings.Contains(out.String(), "overload:") }) {
 					t.Errorf("control printed no overload: %s", out.String())
 				}
+				// rrlctl set writes the settings without the level: the controller
+				// follows the new configuration and writes its level again, without
+				// putting the old configuration back.
+				if c, so, e := rrlctl("set", "-pin", pin, "requests-per-second", "100000"); c != exitOK {
+					t.Fatalf("set: exit %d: %s%s", c, so, e)
+				}
+				belowSet := func() bool {
+					for _, l := range nodeLimits(t, f) {
+						if l < 10000 {
+							return true
+						}
+					}
+					return false
+				}
+				if !waitFor(2*time.Second, belowSet) {
+					t.Errorf("no water level after rrlctl set: limits %v", nodeLimits(t, f))
+				}
+				if c, so, _ := rrlctl("config", "-pin", pin); c != exitOK || !strings.Contains(so, `"100000"`) {
+					t.Errorf("config after the controller wrote its level again: exit %d:\n%s", c, so)
+				}
+				if tc.capacity != "auto" {
+					if c, so, e := rrlctl("set", "-pin", pin, "capacity", "2000"); c != exitOK {
+						t.Fatalf("set: exit %d: %s%s", c, so, e)
+					}
+					if !waitFor(2*time.Second, func() bool { capst = read(); return capst.Capacity == 2000 }) {
+						t.Errorf("capacity after rrlctl set capacity 2000: %+v", capst)
+					}
+				}
+				// The limits come back to those of requests-per-second 100000.
+				lifted = func() bool { return !belowSet() }
 			}
 			// One controller per pin directory.
 			if c, _, e := rrlctl("control", "-pin", pin); c != exitError || !strings.Contains(e, fmt.Sprintf("process %d runs the controller", os.Getpid())) {
@@ -170,8 +201,8 @@ func TestControl(t *testing.T) {
 				t.Fatal("control did not stop on SIGTERM")
 			}
 			// The flood goes on, and the static limits are back.
-			if got := nodeLimits(t, f); !mapsEqual(got, static) {
-				t.Errorf("limits after control stopped: %v; want the static %v", got, static)
+			if !lifted() {
+				t.Errorf("limits after control stopped: %v; want the static ones (before: %v)", nodeLimits(t, f), static)
 			}
 			if capst = read(); capst.Overloaded || capst.Level != 0 || !strings.Contains(capst.Problem, "no controller runs") {
 				t.Errorf("capacity after control stopped: %+v", capst)
