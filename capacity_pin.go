@@ -237,7 +237,7 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 	k := &kernelCapacity{f: f, watched: conns, pinned: true}
 	// The cells are read through a memory map, which needs a descriptor opened for
 	// writing: root's; others read them by batches.
-	if m, err := ebpf.LoadPinnedMap(filepath.Join(f.pin.dir, pinCells), nil); err == nil {
+	if m, err := openCellsRW(filepath.Join(f.pin.dir, pinCells)); err == nil {
 		k.cellsRW = m
 	}
 	k.gen = f.settingsGeneration()
@@ -295,6 +295,9 @@ const (
 	lockTries = 5
 	lockRetry = 5 * time.Millisecond
 )
+
+// openCellsRW opens rrl_cells for the memory map; tests make it fail.
+var openCellsRW = func(path string) (*ebpf.Map, error) { return ebpf.LoadPinnedMap(path, nil) }
 
 // lockPinDir takes the controller's lock on the pin directory.
 func lockPinDir(p *pinState) (*os.File, error) {
