@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -31,12 +32,15 @@ static limits, requests-per-second, stay in force).
 With -pid and -listen it samples the receive queues of every UDP socket process
 PID has bound to ADDR:PORT (an SO_REUSEPORT group included; copies taken with
 pidfd_getfd, so root or CAP_SYS_PTRACE over PID is needed), the sockets "rrlctl
-attach" put the filter on; each must carry an eBPF filter. With "capacity auto"
-the queues are what it measures the server's capacity from; with a configured
-capacity it works from the filter's counters alone, and -pid may be left out.
-It exits when process PID does: a restarted server has new sockets (run
-"rrlctl attach" and this command again with its new PID; with systemd, bind the
-unit to the server's).
+attach" put the filter on (one without an eBPF filter is reported and not
+sampled). With "capacity auto" the queues are what it measures the server's
+capacity from; with a configured capacity it works from the filter's counters
+alone, and -pid may be left out. When the server's sockets change (a reload
+that reopens them), it stops, lifting its level, lets go of its copies of the
+old ones (a copy would keep a socket the server closed bound) and starts again
+over the new ones. It exits when process PID does: a restarted server has new
+sockets (run "rrlctl attach" and this command again with its new PID; with
+systemd, bind the unit to the server's).
 
 It follows the capacity keyword and the limits stored in DIR ("rrlctl set"
 takes effect at the next sample), writes the water level into the pinned
@@ -53,7 +57,7 @@ settings; "rrlctl stats" says so. Needs write access to the pins.`,
 		t.define(fs)
 		fs.Lookup("pid").Usage = "the server's process `id`, whose sockets on -listen are sampled (optional with a configured capacity)"
 		fs.Lookup("listen").Usage = "the server's UDP `address:port` (0.0.0.0 or [::] for every address on the port; with -pid)"
-		interval := fs.Duration("interval", 250*time.Millisecond, "how often to check the controller's state and print changes")
+		interval := fs.Duration("interval", 250*time.Millisecond, "how often to check the controller's state and the server's sockets, and print changes")
 		if err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
@@ -72,69 +76,168 @@ settings; "rrlctl stats" says so. Needs write access to the pins.`,
 			return err
 		}
 		defer f.Close()
-		var conns []syscall.Conn
+		var w *watched
 		var exited <-chan struct{}
-		where := "no socket"
 		if t.pid != 0 {
-			copies, socks, err := procsock.Copy(t.pid, t.local)
-			if err != nil {
+			if w, err = watch(c, t); err != nil {
 				return err
 			}
-			defer closeAll(copies)
-			for i, k := range copies {
-				kind, err := procsock.AttachedFilter(k)
-				if err != nil {
-					return fmt.Errorf("%s: %w", describe(socks[i:i+1]), err)
-				}
-				if kind != procsock.EBPFFilter {
-					return fmt.Errorf("%s has no eBPF filter (%s): run rrlctl attach first", describe(socks[i:i+1]), kind)
-				}
-				conns = append(conns, k)
-			}
+			defer func() { w.close() }() // the last set of copies
 			if exited, err = processExit(t.pid); err != nil {
 				return err
 			}
-			where = fmt.Sprintf("%d socket(s) of process %d: %s", len(socks), t.pid, describe(socks))
 		}
+		exitedErr := fmt.Errorf("process %d exited; the water level is lifted, the static limits are in force", t.pid)
+		exitCh := exited
 		ctx, stop := signal.NotifyContext(context.Background(), controlSignals...)
 		defer stop()
 		ctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
-		done := make(chan error, 1)
-		go func() { done <- f.RunCapacity(ctx, conns...) }()
 		capacity := "off"
 		for _, kv := range f.Config().Values() {
 			if kv[0] == "capacity" && kv[1] != "" && kv[1] != "0" {
 				capacity = kv[1]
 			}
 		}
-		fmt.Fprintf(c.stdout, "controlling the capacity of %s (capacity %s) from %s\n", c.pin, capacity, where)
+		fmt.Fprintf(c.stdout, "controlling the capacity of %s (capacity %s) from %s\n", c.pin, capacity, w.describe())
 		tick := time.NewTicker(*interval)
 		defer tick.Stop()
 		var last rrl.CapacityStats
 		for {
-			select {
-			case err := <-done:
-				if err == nil {
-					if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-						err = cause
-					} else {
-						fmt.Fprintf(c.stdout, "stopped: the water level is lifted, the static limits are in force\n")
+			// One run of the controller per set of sockets: when the server's
+			// sockets change, it stops (lifting its level), the copies of the old
+			// ones are closed (a copy would keep a closed socket bound), and it
+			// starts again over the new ones.
+			runCtx, runCancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- f.RunCapacity(runCtx, w.conns()...) }()
+			restart := false
+			for !restart {
+				select {
+				case err := <-done:
+					runCancel()
+					if err == nil {
+						if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+							err = cause
+						} else {
+							fmt.Fprintf(c.stdout, "stopped: the water level is lifted, the static limits are in force\n")
+						}
 					}
+					return err
+				case <-exited:
+					exited = nil
+					cancel(exitedErr)
+				case <-tick.C:
+					if w != nil && w.changed() {
+						runCancel()
+						if err := <-done; err != nil {
+							return err
+						}
+						w.close()
+						if w, err = watch(c, t); err != nil {
+							select {
+							case <-exitCh: // the server closed its sockets as it exited
+								return exitedErr
+							case <-time.After(time.Second):
+							}
+							return err
+						}
+						fmt.Fprintf(c.stdout, "%s the sockets of process %d changed: now %s\n", time.Now().Format(time.DateTime), t.pid, w.describe())
+						restart = true
+						continue
+					}
+					st, err := f.Stats()
+					if err != nil || st.Capacity == nil {
+						continue
+					}
+					reportCapacity(c, &last, *st.Capacity)
 				}
-				return err
-			case <-exited:
-				exited = nil
-				cancel(fmt.Errorf("process %d exited; the water level is lifted, the static limits are in force", t.pid))
-			case <-tick.C:
-				st, err := f.Stats()
-				if err != nil || st.Capacity == nil {
-					continue
-				}
-				reportCapacity(c, &last, *st.Capacity)
 			}
 		}
 	},
+}
+
+// watched are the copies of a server's sockets the controller samples.
+type watched struct {
+	pid    int
+	local  netip.AddrPort
+	copies []*procsock.Conn
+	socks  []procsock.Socket // the sockets with an eBPF filter, copied
+	seen   map[uint64]bool   // the inodes of every matching socket at the copy
+}
+
+// watch copies the sockets of t.pid bound to t.local that carry an eBPF filter; it
+// warns about the others, which the filter is not on. A server with no matching
+// socket left has none watched.
+func watch(c *cli, t targetFlags) (*watched, error) {
+	w := &watched{pid: t.pid, local: t.local, seen: map[uint64]bool{}}
+	copies, socks, err := procsock.Copy(t.pid, t.local)
+	if errors.Is(err, procsock.ErrNoSocket) {
+		return w, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i, k := range copies {
+		w.seen[socks[i].Inode] = true
+		kind, err := procsock.AttachedFilter(k)
+		if err == nil && kind == procsock.EBPFFilter {
+			w.copies, w.socks = append(w.copies, k), append(w.socks, socks[i])
+			continue
+		}
+		if err == nil {
+			err = fmt.Errorf("no eBPF filter (%s): run rrlctl attach again", kind)
+		}
+		fmt.Fprintf(c.stderr, "rrlctl control: %s not watched: %v\n", describe(socks[i:i+1]), err)
+		k.Close()
+	}
+	return w, nil
+}
+
+// conns returns the copies to sample (none for no server).
+func (w *watched) conns() []syscall.Conn {
+	if w == nil {
+		return nil
+	}
+	out := make([]syscall.Conn, len(w.copies))
+	for i, k := range w.copies {
+		out[i] = k
+	}
+	return out
+}
+
+// changed reports whether the server's matching sockets differ from those copied.
+func (w *watched) changed() bool {
+	socks, err := procsock.UDP(w.pid, w.local)
+	if err != nil && !errors.Is(err, procsock.ErrNoSocket) {
+		return false // the process is going; processExit tells
+	}
+	if len(socks) != len(w.seen) {
+		return true
+	}
+	for _, s := range socks {
+		if !w.seen[s.Inode] {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *watched) close() {
+	if w != nil {
+		closeAll(w.copies)
+		w.copies = nil
+	}
+}
+
+func (w *watched) describe() string {
+	switch {
+	case w == nil:
+		return "no socket"
+	case len(w.socks) == 0:
+		return fmt.Sprintf("no socket of process %d (none on %s carries the filter)", w.pid, w.local)
+	}
+	return fmt.Sprintf("%d socket(s) of process %d: %s", len(w.socks), w.pid, describe(w.socks))
 }
 
 // reportCapacity prints what changed from last to cur: an overload's start or end,

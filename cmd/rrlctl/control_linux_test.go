@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -283,21 +284,49 @@ func TestMain(m *testing.M) {
 }
 
 // servePinned is a server process: a loopback UDP socket with the filter pinned in
-// pin, its address on stdout, never read, until stdin closes.
+// pin, its address on stdout, never read, until stdin closes. A line "reopen" on
+// stdin makes it close the socket and bind the same address again, as a server's
+// reload does, within 2 s ("reopened ADDR", or "rebind failed").
 func servePinned(pin string) int {
-	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	open := func(addr *net.UDPAddr) (*net.UDPConn, *rrl.Filter, error) {
+		conn, err := net.ListenUDP("udp4", addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		f, err := rrl.AttachPinned(conn, pin)
+		if err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
+		return conn, f, nil
+	}
+	conn, f, err := open(&net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	f, err := rrl.AttachPinned(conn, pin)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer f.Close()
 	fmt.Println(conn.LocalAddr())
-	io.Copy(io.Discard, os.Stdin)
+	lines := bufio.NewScanner(os.Stdin)
+	for lines.Scan() {
+		if lines.Text() != "reopen" {
+			continue
+		}
+		addr := conn.LocalAddr().(*net.UDPAddr)
+		f.Close()
+		conn.Close()
+		// A copy of the socket in another process keeps its address bound.
+		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if conn, f, err = open(addr); err == nil {
+				fmt.Println("reopened", conn.LocalAddr())
+				break
+			}
+			if time.Now().After(deadline) {
+				fmt.Println("rebind failed:", err)
+				return 1
+			}
+		}
+	}
+	f.Close()
 	return 0
 }
 
@@ -450,5 +479,54 @@ func TestControlTargetExits(t *testing.T) {
 			t.Errorf("capacity after control exited: %+v", st.Capacity)
 		}
 		f.Close()
+	}
+}
+
+// TestControlSocketsChange: the server control watches closes its socket and binds
+// the address again (a reload); control lets go of its copy of the old socket, so
+// that the address can be bound again, and goes on with the new one.
+func TestControlSocketsChange(t *testing.T) {
+	pin := filepath.Join(bpffs(t), "rrl")
+	if code, out, errOut := rrlctl("load", "-pin", pin, "-capacity", "auto"); code != exitOK {
+		t.Fatalf("load: exit %d: %s%s", code, out, errOut)
+	}
+	stdin, input := io.Pipe()
+	defer input.Close()
+	srv, srvOut := child(t, childServeEnv+"="+pin, stdin)
+	var addr netip.AddrPort
+	if !waitFor(5*time.Second, func() bool {
+		var err error
+		addr, err = netip.ParseAddrPort(strings.TrimSpace(srvOut.String()))
+		return err == nil
+	}) {
+		t.Fatalf("server did not start: %s", srvOut.String())
+	}
+	var out, errOut syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run([]string{"control", "-pin", pin, "-pid", strconv.Itoa(srv.Process.Pid), "-listen", addr.String(), "-interval", "20ms"}, &out, &errOut)
+	}()
+	if !waitFor(5*time.Second, func() bool { return strings.Contains(out.String(), "controlling") }) {
+		t.Fatalf("control did not start: %s%s", out.String(), errOut.String())
+	}
+	fmt.Fprintln(input, "reopen")
+	if !waitFor(3*time.Second, func() bool {
+		return strings.Contains(srvOut.String(), "reopened") || strings.Contains(srvOut.String(), "failed")
+	}) ||
+		!strings.Contains(srvOut.String(), "reopened "+addr.String()) {
+		t.Fatalf("the server could not bind its address again: %s\ncontrol: %s%s", srvOut.String(), out.String(), errOut.String())
+	}
+	want := fmt.Sprintf("the sockets of process %d changed: now 1 socket(s)", srv.Process.Pid)
+	if !waitFor(3*time.Second, func() bool { return strings.Contains(out.String(), want) }) {
+		t.Errorf("control did not take the new socket: %s%s", out.String(), errOut.String())
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	select {
+	case c := <-code:
+		if c != exitOK {
+			t.Errorf("control after SIGTERM: exit %d: %s%s", c, out.String(), errOut.String())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("control did not stop on SIGTERM")
 	}
 }
