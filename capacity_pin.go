@@ -244,6 +244,10 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 	r := startCapacity(f.cfg, k, monotonicNow)
 	k.run = r
 	f.capacity.run = r
+	// Published at once, so that no earlier controller's record (a dead one's)
+	// is read as this one's before its first sample.
+	f.capacity.published = true
+	f.pin.publishCapacity(pinnedCapacity{pid: uint32(os.Getpid()), state: capStatusRunning, heartbeat: monotonicNow(), stats: *r.stats()})
 	f.mu.Unlock()
 
 	select {
