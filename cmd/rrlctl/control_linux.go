@@ -164,6 +164,9 @@ type watched struct {
 	copies []*procsock.Conn
 	socks  []procsock.Socket // the sockets with an eBPF filter, copied
 	seen   map[uint64]bool   // the inodes of every matching socket at the copy
+	// bare are copies of the sockets without the eBPF filter, kept to see when it
+	// comes (a server that binds, then attaches; rrlctl attach run again).
+	bare []*procsock.Conn
 }
 
 // watch copies the sockets of t.pid bound to t.local that carry an eBPF filter; it
@@ -189,7 +192,7 @@ func watch(c *cli, t targetFlags) (*watched, error) {
 			err = fmt.Errorf("no eBPF filter (%s): run rrlctl attach again", kind)
 		}
 		fmt.Fprintf(c.stderr, "rrlctl control: %s not watched: %v\n", describe(socks[i:i+1]), err)
-		k.Close()
+		w.bare = append(w.bare, k)
 	}
 	return w, nil
 }
@@ -220,13 +223,19 @@ func (w *watched) changed() bool {
 			return true
 		}
 	}
+	for _, k := range w.bare {
+		if kind, err := procsock.AttachedFilter(k); err == nil && kind == procsock.EBPFFilter {
+			return true
+		}
+	}
 	return false
 }
 
 func (w *watched) close() {
 	if w != nil {
 		closeAll(w.copies)
-		w.copies = nil
+		closeAll(w.bare)
+		w.copies, w.bare = nil, nil
 	}
 }
 

@@ -286,21 +286,15 @@ func TestMain(m *testing.M) {
 // servePinned is a server process: a loopback UDP socket with the filter pinned in
 // pin, its address on stdout, never read, until stdin closes. A line "reopen" on
 // stdin makes it close the socket and bind the same address again, as a server's
-// reload does, within 2 s ("reopened ADDR", or "rebind failed").
+// reload does, within 2 s ("reopened ADDR", or "rebind failed"), and a line
+// "attach" attach the filter to the new socket ("attached").
 func servePinned(pin string) int {
-	open := func(addr *net.UDPAddr) (*net.UDPConn, *rrl.Filter, error) {
-		conn, err := net.ListenUDP("udp4", addr)
-		if err != nil {
-			return nil, nil, err
-		}
-		f, err := rrl.AttachPinned(conn, pin)
-		if err != nil {
-			conn.Close()
-			return nil, nil, err
-		}
-		return conn, f, nil
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	conn, f, err := open(&net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	f, err := rrl.AttachPinned(conn, pin)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -308,22 +302,28 @@ func servePinned(pin string) int {
 	fmt.Println(conn.LocalAddr())
 	lines := bufio.NewScanner(os.Stdin)
 	for lines.Scan() {
-		if lines.Text() != "reopen" {
-			continue
-		}
-		addr := conn.LocalAddr().(*net.UDPAddr)
-		f.Close()
-		conn.Close()
-		// A copy of the socket in another process keeps its address bound.
-		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			if conn, f, err = open(addr); err == nil {
-				fmt.Println("reopened", conn.LocalAddr())
-				break
+		switch lines.Text() {
+		case "reopen":
+			addr := conn.LocalAddr().(*net.UDPAddr)
+			f.Close()
+			conn.Close()
+			// A copy of the socket in another process keeps its address bound.
+			for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if conn, err = net.ListenUDP("udp4", addr); err == nil {
+					fmt.Println("reopened", conn.LocalAddr())
+					break
+				}
+				if time.Now().After(deadline) {
+					fmt.Println("rebind failed:", err)
+					return 1
+				}
 			}
-			if time.Now().After(deadline) {
-				fmt.Println("rebind failed:", err)
+		case "attach":
+			if f, err = rrl.AttachPinned(conn, pin); err != nil {
+				fmt.Println("attach failed:", err)
 				return 1
 			}
+			fmt.Println("attached")
 		}
 	}
 	f.Close()
@@ -484,7 +484,8 @@ func TestControlTargetExits(t *testing.T) {
 
 // TestControlSocketsChange: the server control watches closes its socket and binds
 // the address again (a reload); control lets go of its copy of the old socket, so
-// that the address can be bound again, and goes on with the new one.
+// that the address can be bound again, reports the new one while it has no filter,
+// and samples it once the server attaches the filter.
 func TestControlSocketsChange(t *testing.T) {
 	pin := filepath.Join(bpffs(t), "rrl")
 	if code, out, errOut := rrlctl("load", "-pin", pin, "-capacity", "auto"); code != exitOK {
@@ -516,9 +517,18 @@ func TestControlSocketsChange(t *testing.T) {
 		!strings.Contains(srvOut.String(), "reopened "+addr.String()) {
 		t.Fatalf("the server could not bind its address again: %s\ncontrol: %s%s", srvOut.String(), out.String(), errOut.String())
 	}
+	// The new socket has no filter yet: reported, not sampled, and taken once the
+	// server attaches the filter.
+	bare := fmt.Sprintf("the sockets of process %d changed: now no socket", srv.Process.Pid)
+	if !waitFor(3*time.Second, func() bool {
+		return strings.Contains(out.String(), bare) && strings.Contains(errOut.String(), "no eBPF filter")
+	}) {
+		t.Errorf("control did not report the new socket without the filter: %s%s", out.String(), errOut.String())
+	}
+	fmt.Fprintln(input, "attach")
 	want := fmt.Sprintf("the sockets of process %d changed: now 1 socket(s)", srv.Process.Pid)
 	if !waitFor(3*time.Second, func() bool { return strings.Contains(out.String(), want) }) {
-		t.Errorf("control did not take the new socket: %s%s", out.String(), errOut.String())
+		t.Errorf("control did not take the new socket: %s%s\nserver: %s", out.String(), errOut.String(), srvOut.String())
 	}
 	syscall.Kill(os.Getpid(), syscall.SIGTERM)
 	select {
