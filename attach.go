@@ -26,7 +26,8 @@ import (
 //
 // With the Config keyword capacity on, a Filter this process loaded (not one opened
 // from pins) runs the capacity controller in a goroutine of its own until Close
-// (see Config and CapacityStats).
+// (see Config and CapacityStats); a pinned filter gets its one controller from the
+// process that calls RunCapacity (rrlctl control).
 //
 // A Filter is safe for concurrent use.
 type Filter struct {
@@ -272,6 +273,9 @@ func (f *Filter) close(detach bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
+	if err := f.liftPinnedLevel(); err != nil { // capacity_pin.go
+		errs = append(errs, err)
+	}
 	f.stopCookies()
 	for _, s := range f.sockets {
 		if !f.owns(s) {
@@ -294,6 +298,10 @@ func (f *Filter) close(detach bool) error {
 	if f.pin != nil && f.pin.config != nil {
 		errs = append(errs, f.pin.config.Close())
 		f.pin.config = nil
+	}
+	if f.pin != nil && f.pin.capacity != nil {
+		errs = append(errs, f.pin.capacity.Close())
+		f.pin.capacity = nil
 	}
 	f.mode = ModeNone
 	return errors.Join(errs...)

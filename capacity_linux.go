@@ -45,6 +45,9 @@ func readSocketQueue(conn syscall.Conn) (queued, size, drops uint32, err error) 
 type filterCapacity struct {
 	run   *capacityRun
 	level float64 // the water level in the kernel's settings; 0: none
+	// published: a pinned filter's controller (RunCapacity, capacity_pin.go) has
+	// published its status in the pins, and must publish that it stopped.
+	published bool
 }
 
 // capacityConfig returns the Config to write to the kernel for cfg: cfg itself, or a
@@ -62,6 +65,14 @@ func (f *Filter) capacityConfig(cfg *Config) *Config {
 // A controller told to stop ends at its next sample; it touches nothing once it is
 // no longer f's.
 func (f *Filter) capacityUpdated() {
+	if f.pin != nil {
+		// A pinned filter's controller runs in RunCapacity, whatever the capacity
+		// keyword says (it waits while the mode is off), and follows the pins.
+		if r := f.capacity.run; r != nil {
+			r.update(f.cfg)
+		}
+		return
+	}
 	on := f.cfg.capacity != 0 && f.mode == ModeEBPF && f.pin == nil
 	switch r := f.capacity.run; {
 	case on && r == nil:
@@ -91,9 +102,8 @@ func (f *Filter) capacityStats() *CapacityStats {
 	if f.cfg == nil || f.cfg.capacity == 0 {
 		return nil
 	}
-	if f.pin != nil {
-		return &CapacityStats{Auto: f.cfg.capacity < 0, Capacity: max(f.cfg.capacity, 0),
-			Problem: "rrl: capacity: a pinned filter's limits are the pins'; no controller runs for it in this process"}
+	if f.pin != nil && f.capacity.run == nil {
+		return f.pinnedCapacityStats() // capacity_pin.go
 	}
 	return f.capacity.run.stats()
 }
@@ -105,13 +115,25 @@ var errCapacityStopped = errors.New("rrl: capacity controller stopped")
 type kernelCapacity struct {
 	f   *Filter
 	run *capacityRun
+	// For a pinned filter (RunCapacity, capacity_pin.go): the sockets it is given,
+	// the settings' generation after its last write or read, and whether another
+	// process's write lifted the level, which must then be written again.
+	pinned  bool
+	watched []syscall.Conn
+	gen     uint64
+	rewrite bool
 
 	queues queueWatch
 	mem    *ebpf.Memory
-	cells  []byte // one node's cells, read from mem
-	params *limiterParams
-	cfg    *Config // params is latticeOf(cfg)
-	cellsS capacityScratch
+	ro     []byte // or a copy of all cells read by batches (readCellsBatch), when batch
+	batch  bool
+	// cellsRW is rrl_cells of a pinned filter opened read-write for the mapping
+	// (RunCapacity, when permitted), closed by closeCells.
+	cellsRW *ebpf.Map
+	cells   []byte // one node's cells, read from mem or ro
+	params  *limiterParams
+	cfg     *Config // params is latticeOf(cfg)
+	cellsS  capacityScratch
 }
 
 // mine reports whether k's controller is still its Filter's. f.mu is held.
@@ -128,9 +150,15 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	}
 	// The sockets first, then the counters: the program counts a drop before the
 	// socket does, so the difference (overflow) is never counted ahead of time.
+	if f.pin != nil {
+		k.followPins() // capacity_pin.go
+	}
 	var socks []queueSocket
 	for _, s := range f.ownedSockets() {
 		socks = append(socks, queueSocket{key: s.id, conn: s.conn})
+	}
+	for i, c := range k.watched {
+		socks = append(socks, queueSocket{key: watchedKey(i), conn: c})
 	}
 	in := k.queues.read(socks)
 	var perCPU []filterCounters
@@ -164,12 +192,27 @@ func (k *kernelCapacity) nodes(now int64) []capacityNode {
 	if !k.mine() {
 		return nil
 	}
-	if k.mem == nil {
-		mem, err := f.objs.Cells.Memory()
+	if k.mem == nil && k.ro == nil {
+		cells := f.objs.Cells
+		if k.cellsRW != nil {
+			cells = k.cellsRW
+		}
+		mem, err := cells.Memory()
 		if err != nil {
-			return nil // not mappable: no node, so no water level
+			// The kernel maps a bpf map only through a descriptor opened for
+			// writing (a read-only file loses VM_SHARED, which it requires):
+			// without one, read the whole sketch by batches.
+			if k.ro, err = readCellsBatch(f.objs.Cells, k.ro); err != nil {
+				return nil // unreadable: no node, so no water level
+			}
+			k.batch = true
 		}
 		k.mem, k.cells = mem, make([]byte, sketchDepth*sketchWidth*cellBytes)
+	} else if k.batch {
+		var err error
+		if k.ro, err = readCellsBatch(f.objs.Cells, k.ro); err != nil {
+			return nil
+		}
 	}
 	if k.cfg != f.cfg {
 		k.cfg, k.params = f.cfg, latticeOf(f.cfg)
@@ -178,7 +221,14 @@ func (k *kernelCapacity) nodes(now int64) []capacityNode {
 	read := func(n, row, col int) (fixed, uint64) {
 		if n != node {
 			node = n
-			if _, err := k.mem.ReadAt(k.cells, int64(n*len(k.cells))); err != nil {
+			switch off := n * len(k.cells); {
+			case k.ro != nil && off+len(k.cells) <= len(k.ro):
+				copy(k.cells, k.ro[off:])
+			case k.mem != nil:
+				if _, err := k.mem.ReadAt(k.cells, int64(off)); err != nil {
+					clear(k.cells)
+				}
+			default:
 				clear(k.cells)
 			}
 		}
@@ -195,11 +245,61 @@ func (k *kernelCapacity) apply(level float64) error {
 	if !k.mine() {
 		return nil
 	}
+	if f.pin != nil {
+		// Never write back a Config another process replaced meanwhile.
+		f.refreshPinnedConfig()
+	}
 	prev := f.capacity.level
 	f.capacity.level = level
 	if err := f.writeSettings(f.cfg); err != nil {
 		f.capacity.level = prev
 		return fmt.Errorf("rrl: capacity: write the limits: %w", err)
 	}
+	if f.pin != nil {
+		k.gen = f.settingsGeneration()
+	}
 	return nil
+}
+
+// watchedKey identifies a socket given to RunCapacity in queueWatch.
+type watchedKey int
+
+// readCellsBatch reads every cell of m into buf (reused when large enough), laid
+// out as the memory map has them.
+func readCellsBatch(m *ebpf.Map, buf []byte) ([]byte, error) {
+	n := int(m.MaxEntries())
+	size := n * cellBytes
+	if cap(buf) < size {
+		buf = make([]byte, size)
+	}
+	buf = buf[:size]
+	const chunk = 4096
+	keys := make([]uint32, chunk)
+	vals := make([]filterCell, chunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		got, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < got; i++ {
+			if k := int(keys[i]); k < n {
+				binary.NativeEndian.PutUint64(buf[k*cellBytes:], vals[i].Count)
+				binary.NativeEndian.PutUint64(buf[k*cellBytes+8:], vals[i].Last)
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// closeCells closes what the controller opened to read the cells, once it stopped.
+func (k *kernelCapacity) closeCells() {
+	k.f.mu.Lock()
+	defer k.f.mu.Unlock()
+	if k.cellsRW != nil {
+		k.cellsRW.Close()
+		k.cellsRW, k.mem = nil, nil
+	}
 }

@@ -56,6 +56,10 @@ type capacitySource interface {
 // errNoSocket: capacity auto has no receive queue to watch.
 var errNoSocket = errors.New("rrl: capacity auto: no socket whose receive queue can be read; the static limits stay in force")
 
+// errCapacityOff: a pinned filter's Config has the capacity mode off
+// (capacity_pin.go).
+var errCapacityOff = errors.New("rrl: capacity: off in the configuration (keyword capacity); the controller waits for it")
+
 // capacityRun is one running controller.
 type capacityRun struct {
 	stop chan struct{}
@@ -148,9 +152,16 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 	var problem error
 	in, err := src.sample(now)
 	var dec capacityDecision
+	if rw, ok := src.(interface{ takeRewrite() bool }); ok && rw.takeRewrite() && !math.IsInf(ctrl.written, 1) {
+		ctrl.written = -1 // another process's write lifted the level: write it again
+	}
 	switch {
 	case err != nil:
 		problem = err
+		dec = ctrl.reset()
+	case cfg.capacity == 0:
+		// Only a pinned filter's controller runs with the mode off, waiting for it.
+		problem = errCapacityOff
 		dec = ctrl.reset()
 	case in.Sockets == 0 && ctrl.configured <= 0:
 		problem = errNoSocket
@@ -186,6 +197,12 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 	}
 	if problem != nil {
 		r.status.Problem = problem.Error()
+	}
+	if p, ok := src.(interface{ publish(CapacityStats) }); ok {
+		st := r.status
+		r.mu.Unlock()
+		p.publish(st) // a pinned filter's controller tells every process (capacity_pin.go)
+		r.mu.Lock()
 	}
 }
 

@@ -3,6 +3,7 @@
 package rrl
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"syscall"
@@ -44,4 +45,7 @@ func (f *Filter) LimitedGroups() ([]GroupRate, error)                { return ni
 func (f *Filter) UseCookies(c *Cookies) error                        { return errNotLinux }
 func (f *Filter) HeavyCells(n int) ([]SketchCell, error)             { return nil, errNotLinux }
 func (f *Filter) GroupRates(src netip.AddrPort) ([]GroupRate, error) { return nil, errNotLinux }
-func (f *Filter) limitedLook() ([]GroupRate, bool, error)            { return nil, false, errNotLinux }
+func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
+	return errNotLinux
+}
+func (f *Filter) limitedLook() ([]GroupRate, bool, error) { return nil, false, errNotLinux }

@@ -20,6 +20,8 @@ package rrl
 //	rrl_cells           the sketches                          0440
 //	rrl_limited         the groups limited lately             0440
 //	rrl_cookie_secrets  server cookie secrets (UseCookies)    0220
+//	rrl_capacity        the capacity controller's status      0660
+//	                    (capacity_pin.go)
 //
 // Every pin, and a directory LoadPinned creates (mode 0750), is owned by root and by
 // the group given to LoadPinned: access goes through the group bits alone, so that
@@ -72,6 +74,7 @@ const (
 	pinLimited  = "rrl_limited"
 
 	pinCookieSecrets = "rrl_cookie_secrets"
+	pinCapacity      = "rrl_capacity"
 )
 
 // pinModes are the file modes of the pins (see the top of this file).
@@ -86,10 +89,11 @@ var pinModes = map[string]os.FileMode{
 	pinLimited:  0o440,
 
 	pinCookieSecrets: 0o220,
+	pinCapacity:      0o660,
 }
 
 // pinOrder lists the pins in the order LoadPinned creates them.
-var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinLimited, pinConfig, pinCookieSecrets, pinProgram}
+var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinLimited, pinConfig, pinCookieSecrets, pinCapacity, pinProgram}
 
 const (
 	// configValueSize bounds the stored Config text: room for 2,048 exempt prefixes
@@ -121,6 +125,9 @@ type pinState struct {
 	config   *ebpf.Map
 	flags    uint32
 	readOnly string // the pin that could only be opened read-only, if any
+	// capacity is rrl_capacity, where the capacity controller of the pins
+	// publishes its status (capacity_pin.go); nil for pins made before it existed.
+	capacity *ebpf.Map
 }
 
 // LoadPinned loads the eBPF filter configured by cfg (nil means NewConfig()) and pins
@@ -191,6 +198,11 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 		return fmt.Errorf("rrl: create config map: %w", err)
 	}
 	defer cm.Close()
+	capMap, err := ebpf.NewMap(capacityMapSpec())
+	if err != nil {
+		return fmt.Errorf("rrl: create capacity status map: %w", err)
+	}
+	defer capMap.Close()
 	f := &Filter{mode: ModeEBPF, cfg: cfg.clone(), objs: objs, pin: &pinState{dir: pinDir, config: cm}}
 	if created {
 		f.pin.flags |= configDirCreated
@@ -206,6 +218,7 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 		pinExempt6: objs.Exempt6, pinConfig: cm, pinCounters: objs.Counters, pinCells: objs.Cells,
 		pinLimited:       objs.Limited,
 		pinCookieSecrets: objs.CookieSecrets,
+		pinCapacity:      capMap,
 	}
 	var pinned []string
 	defer func() {
@@ -455,6 +468,9 @@ func OpenPinned(pinDir string) (*Filter, error) {
 		if ps.config != nil {
 			ps.config.Close()
 		}
+		if ps.capacity != nil {
+			ps.capacity.Close()
+		}
 		return nil, err
 	}
 	spec, err := loadFilter()
@@ -496,6 +512,9 @@ func OpenPinned(pinDir string) (*Filter, error) {
 		}
 	}
 	if err := openCookieSecrets(objs, spec, pinDir); err != nil {
+		return fail(err)
+	}
+	if ps.capacity, err = openCapacityMap(pinDir); err != nil {
 		return fail(err)
 	}
 	path := filepath.Join(pinDir, pinProgram)

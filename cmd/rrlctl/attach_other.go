@@ -33,3 +33,12 @@ var detachCommand = &command{
 	help:        `Remove the filter from a running server's UDP sockets: needs Linux.`,
 	run:         func(*cli, *flag.FlagSet, []string) error { return errAttachLinux },
 }
+
+var controlCommand = &command{
+	name:        "control",
+	args:        "[-pid PID -listen ADDR:PORT] [-pin DIR] [-interval 1s]",
+	summary:     "run the capacity controller of a pinned filter (Linux)",
+	pinOptional: true,
+	help:        `Run the capacity controller of a pinned filter: needs Linux.`,
+	run:         func(*cli, *flag.FlagSet, []string) error { return errAttachLinux },
+}

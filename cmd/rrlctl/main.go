@@ -12,10 +12,12 @@
 //	rrlctl top    -pin DIR [-n 20] [-probe ADDR[:PORT],...] [-json]
 //	rrlctl attach -pid PID -listen ADDR:PORT [-pin DIR] [-KEYWORD VALUE ...]
 //	rrlctl detach -pid PID -listen ADDR:PORT [-pin DIR] [-unpin]
+//	rrlctl control [-pid PID -listen ADDR:PORT] [-pin DIR] [-interval 250ms]
 //
 // load and unload need root (CAP_BPF, CAP_CHOWN); attach and detach, which protect a
 // running server that never calls rrl.Attach (named, Knot, Unbound...), need root or
-// CAP_SYS_PTRACE over it as well; the others need access to the pins (the members of
+// CAP_SYS_PTRACE over it as well, as does control with -pid, which runs the capacity
+// controller of a pinned filter until SIGINT or SIGTERM; the others need access to the pins (the members of
 // the group given to load have it; docs/deployment.md says who may do what). Exit status: 0 success, 1 failure,
 // 2 bad usage. `rrlctl COMMAND -h` describes each command.
 package main
@@ -69,7 +71,7 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
-var commands = []*command{loadCommand, unloadCommand, statsCommand, setCommand, configCommand, topCommand, attachCommand, detachCommand}
+var commands = []*command{loadCommand, unloadCommand, statsCommand, setCommand, configCommand, topCommand, attachCommand, detachCommand, controlCommand}
 
 const overview = `rrlctl manages the rrl kernel filter pinned in a bpffs directory.
 
@@ -77,6 +79,8 @@ A privileged step ("rrlctl load") loads the filter once and pins it; DNS servers
 in the given group attach it to their sockets without privileges
 (rrl.AttachPinned, Linux 5.19 or later) and share one set of limits. A server
 that never attaches it (named, Knot, Unbound...) gets it from "rrlctl attach".
+With the keyword capacity, "rrlctl control" runs the controller that sets the
+limits under overload (a pinned filter runs none by itself).
 
 Usage: rrlctl COMMAND -pin DIR [flags] [args]
 

@@ -166,6 +166,7 @@ func printStats(w io.Writer, pin string, st rrl.FilterStats, prev *rrl.FilterSta
 		}
 		fmt.Fprintln(w)
 	}
+	printCapacity(w, st.Capacity)
 	if len(st.Nodes) == 0 {
 		fmt.Fprintln(w, "\n  no request limit (requests-per-second 0)")
 		return
@@ -177,6 +178,27 @@ func printStats(w io.Writer, pin string, st rrl.FilterStats, prev *rrl.FilterSta
 			fmt.Fprintf(w, " %10.0f", rate(l.Limited, levelLimited(*prev, l.Node), dt))
 		}
 		fmt.Fprintln(w)
+	}
+}
+
+// printCapacity prints the capacity mode's state (nothing when it is off).
+func printCapacity(w io.Writer, c *rrl.CapacityStats) {
+	if c == nil {
+		return
+	}
+	kind := "configured"
+	if c.Auto {
+		kind = "measured"
+	}
+	fmt.Fprintf(w, "\n  capacity (%s)         %12.0f/s\n", kind, c.Capacity)
+	switch {
+	case c.Overloaded:
+		fmt.Fprintf(w, "  overloaded since %s: water level %.4g/s, demand %.0f/s, target %.0f/s\n", c.Since.Format(time.TimeOnly), c.Level, c.Demand, c.Target)
+	case c.Problem == "":
+		fmt.Fprintf(w, "  not overloaded: no limit from the capacity (demand %.0f/s)\n", c.Demand)
+	}
+	if c.Problem != "" {
+		fmt.Fprintf(w, "  %s\n", c.Problem)
 	}
 }
 
@@ -209,6 +231,8 @@ type statsJSON struct {
 	Levels   []levelJSON        `json:"levels"`
 	Interval float64            `json:"interval_seconds,omitempty"`
 	Rates    map[string]float64 `json:"rates_per_second,omitempty"`
+	// Capacity is the capacity mode's state, when it is on.
+	Capacity *rrl.CapacityStats `json:"capacity,omitempty"`
 }
 
 type levelJSON struct {
@@ -219,7 +243,7 @@ type levelJSON struct {
 }
 
 func statsReport(pin string, at time.Time, st rrl.FilterStats, prev *rrl.FilterStats, dt float64) statsJSON {
-	out := statsJSON{PinDir: pin, Time: at, Mode: st.Mode.String(), Counters: map[string]uint64{}, Levels: []levelJSON{}}
+	out := statsJSON{PinDir: pin, Time: at, Mode: st.Mode.String(), Counters: map[string]uint64{}, Levels: []levelJSON{}, Capacity: st.Capacity}
 	for _, r := range reasons {
 		out.Counters[r.key] = r.value(st)
 	}
