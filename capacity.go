@@ -101,6 +101,11 @@ const (
 	capacityGain = 0.2
 	// capacitySettle is how long into an overload the correction waits.
 	capacitySettle = time.Second
+	// capacityLowerAfter is how long into an overload an overflow under the limits
+	// may lower the capacity (lower): long enough for the queues, full at the
+	// start, to drain and for the sketches' estimates to rise; a fall it makes too
+	// soon comes back (probe).
+	capacityLowerAfter = 500 * time.Millisecond
 	// capacityMinLevel is the lowest water level, in queries per second per unit
 	// of factor.
 	capacityMinLevel = 1e-3
@@ -604,7 +609,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 
 	if c.configured <= 0 {
 		c.measure()
-		if c.overloaded && in.Now-c.since >= int64(capacitySettle) && c.lower() {
+		if c.overloaded && in.Now-c.since >= int64(capacityLowerAfter) && c.lower() {
 			c.nextRead = in.Now // recompute the level at once
 		}
 	}
@@ -756,7 +761,7 @@ func (c *capacityController) measure() {
 }
 
 // lower takes the drain rate over the last capacityQuick samples during an overload
-// with the limits in force, once they have settled (capacitySettle: before, the
+// with the limits in force, once they have settled (capacityLowerAfter: before, the
 // sketches' estimates are still rising and the queues still full from the start):
 // the queues overflowing means that the limits admit more
 // than the server takes now (it got slower, or shares its processor), so the

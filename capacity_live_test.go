@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl/internal/loadgen"
+	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 )
@@ -590,6 +591,12 @@ func (l *capLive) measure(t *testing.T) float64 {
 // of the light load during it; (e) (b) and (c) without the mode, for the gain.
 func TestLiveCapacity(t *testing.T) {
 	l := newCapLive(t)
+	// Other packages' tests that flood loopback wait, and this waits for them.
+	release, err := testutil.LockLive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
 	C := l.measure(t)
 	lightShare := map[bool]float64{}
 	resolverShare := map[bool]float64{}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/internal/testutil"
 )
 
 // syncBuffer is a bytes.Buffer safe for a command writing and a test reading.
@@ -280,7 +281,16 @@ func TestMain(m *testing.M) {
 	if pin := os.Getenv(childServeEnv); pin != "" {
 		os.Exit(servePinned(pin))
 	}
-	os.Exit(m.Run())
+	// The package's tests flood loopback: they hold the live-test lock, which keeps
+	// them apart from another package's capacity measurements.
+	release, err := testutil.LockLive()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	release()
+	os.Exit(code)
 }
 
 // servePinned is a server process: a loopback UDP socket with the filter pinned in
