@@ -276,7 +276,8 @@ func (f *Filter) close(detach bool) error {
 	if err := f.liftPinnedLevel(); err != nil { // capacity_pin.go
 		errs = append(errs, err)
 	}
-	f.stopCookies()
+	f.cookies.stop()
+	f.cookies = nil
 	for _, s := range f.sockets {
 		if !f.owns(s) {
 			continue
@@ -401,4 +402,31 @@ func (f *Filter) ownedSockets() []*attachedSocket {
 		}
 	}
 	return out
+}
+
+// Config returns a copy of the Config the filter runs with. For a pinned filter it is
+// read from the pins, stored next to the settings the kernel runs, so it includes
+// changes other processes made (rrlctl set).
+func (f *Filter) Config() *Config {
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pin != nil && f.pin.config != nil && f.objs != nil {
+		if _, cfg, err := f.pin.readConfig(f.objs); err == nil {
+			// Keep the clock the caller may have given the Config it passed.
+			cfg.nowFunc = f.cfg.nowFunc
+			f.cfg = cfg
+		}
+	}
+	return f.cfg.clone()
+}
+
+// pinPath returns the pin directory a filter was opened from ("" when it was not).
+func (f *Filter) pinPath() string {
+	if f == nil || f.pin == nil {
+		return ""
+	}
+	return f.pin.dir
 }

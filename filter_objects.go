@@ -155,17 +155,3 @@ func limitedNode(i uint32) LimiterNode {
 	}
 	return NodeTotal
 }
-
-// limiterNode names the node a step judges: a level by its family and prefix
-// length, as the kernel's masks give it, or the port or total node.
-func (st *filterStep) limiterNode() LimiterNode {
-	switch node := int(st.Node); {
-	case node < nodeIPv6First:
-		return nodeTagIPv4 | LimiterNode(st.prefix())
-	case node < nodePort:
-		return nodeTagIPv6 | LimiterNode(st.prefix())
-	case node == nodePort:
-		return NodePort
-	}
-	return NodeTotal
-}

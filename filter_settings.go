@@ -338,3 +338,17 @@ var coarseTick = sync.OnceValue(func() uint64 {
 	}
 	return uint64(res.Nano())
 })
+
+// limiterNode names the node a step judges: a level by its family and prefix
+// length, as the kernel's masks give it, or the port or total node.
+func (st *filterStep) limiterNode() LimiterNode {
+	switch node := int(st.Node); {
+	case node < nodeIPv6First:
+		return nodeTagIPv4 | LimiterNode(st.prefix())
+	case node < nodePort:
+		return nodeTagIPv6 | LimiterNode(st.prefix())
+	case node == nodePort:
+		return NodePort
+	}
+	return NodeTotal
+}
