@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"math"
@@ -21,24 +20,6 @@ import (
 	"github.com/dnsrake/rrl"
 	"github.com/dnsrake/rrl/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe for a command writing and a test reading.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // nodeLimits returns the limit of every level the pinned filter f runs with.
 func nodeLimits(t *testing.T, f *rrl.Filter) map[rrl.LimiterNode]float64 {
@@ -111,7 +92,7 @@ func TestControl(t *testing.T) {
 			if tc.sockets {
 				args = append(args, "-pid", strconv.Itoa(os.Getpid()), "-listen", dst.String())
 			}
-			var out, errOut syncBuffer
+			var out, errOut testutil.SyncBuffer
 			code := make(chan int, 1)
 			go func() { code <- run(args, &out, &errOut) }()
 			if !waitFor(5*time.Second, func() bool { return strings.Contains(out.String(), "controlling") }) {
@@ -283,14 +264,7 @@ func TestMain(m *testing.M) {
 	}
 	// The package's tests flood loopback: they hold the live-test lock, which keeps
 	// them apart from another package's capacity measurements.
-	release, err := testutil.LockLive()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	release()
-	os.Exit(code)
+	os.Exit(testutil.RunLocked(m))
 }
 
 // servePinned is a server process: a loopback UDP socket with the filter pinned in
@@ -340,12 +314,28 @@ func servePinned(pin string) int {
 	return 0
 }
 
+// servePinnedChild starts servePinned in a child process on the pins in pin and
+// returns it, its output and its address once it serves.
+func servePinnedChild(t *testing.T, pin string, stdin io.Reader) (*exec.Cmd, *testutil.SyncBuffer, netip.AddrPort) {
+	t.Helper()
+	srv, out := child(t, childServeEnv+"="+pin, stdin)
+	var addr netip.AddrPort
+	if !waitFor(5*time.Second, func() bool {
+		var err error
+		addr, err = netip.ParseAddrPort(strings.TrimSpace(out.String()))
+		return err == nil
+	}) {
+		t.Fatalf("server did not start: %s", out.String())
+	}
+	return srv, out, addr
+}
+
 // child starts the test binary with env set, and kills it at cleanup.
-func child(t *testing.T, env string, stdin io.Reader) (*exec.Cmd, *syncBuffer) {
+func child(t *testing.T, env string, stdin io.Reader) (*exec.Cmd, *testutil.SyncBuffer) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), env)
-	out := &syncBuffer{}
+	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = out, out, stdin
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -418,7 +408,7 @@ func TestControlKilled(t *testing.T) {
 	}
 
 	// The next controller lifts it as it starts (the flood is over, so no new one).
-	var out, errOut syncBuffer
+	var out, errOut testutil.SyncBuffer
 	code := make(chan int, 1)
 	go func() {
 		code <- run([]string{"control", "-pin", pin, "-pid", strconv.Itoa(os.Getpid()), "-listen", dst.String()}, &out, &errOut)
@@ -448,16 +438,8 @@ func TestControlTargetExits(t *testing.T) {
 		t.Fatalf("load: exit %d: %s%s", code, out, errOut)
 	}
 	stdin, closeStdin := io.Pipe()
-	srv, srvOut := child(t, childServeEnv+"="+pin, stdin)
-	var addr netip.AddrPort
-	if !waitFor(5*time.Second, func() bool {
-		var err error
-		addr, err = netip.ParseAddrPort(strings.TrimSpace(srvOut.String()))
-		return err == nil
-	}) {
-		t.Fatalf("server did not start: %s", srvOut.String())
-	}
-	var out, errOut syncBuffer
+	srv, _, addr := servePinnedChild(t, pin, stdin)
+	var out, errOut testutil.SyncBuffer
 	code := make(chan int, 1)
 	go func() {
 		code <- run([]string{"control", "-pin", pin, "-pid", strconv.Itoa(srv.Process.Pid), "-listen", addr.String()}, &out, &errOut)
@@ -503,16 +485,8 @@ func TestControlSocketsChange(t *testing.T) {
 	}
 	stdin, input := io.Pipe()
 	defer input.Close()
-	srv, srvOut := child(t, childServeEnv+"="+pin, stdin)
-	var addr netip.AddrPort
-	if !waitFor(5*time.Second, func() bool {
-		var err error
-		addr, err = netip.ParseAddrPort(strings.TrimSpace(srvOut.String()))
-		return err == nil
-	}) {
-		t.Fatalf("server did not start: %s", srvOut.String())
-	}
-	var out, errOut syncBuffer
+	srv, srvOut, addr := servePinnedChild(t, pin, stdin)
+	var out, errOut testutil.SyncBuffer
 	code := make(chan int, 1)
 	go func() {
 		code <- run([]string{"control", "-pin", pin, "-pid", strconv.Itoa(srv.Process.Pid), "-listen", addr.String(), "-interval", "20ms"}, &out, &errOut)

@@ -14,13 +14,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dnsrake/rrl"
 	"github.com/dnsrake/rrl/internal/dnscookie"
+	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
 )
 
@@ -306,26 +306,8 @@ func TestRunShutsDown(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the demo's concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 func TestDemo(t *testing.T) {
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.SyncBuffer
 	args := []string{"-demo", "-demo-duration", "2s", "-demo-flood-rate", "3000", "-demo-clients", "4"}
 	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit status %d:\n%s\n%s", code, stderr.String(), stdout.String())

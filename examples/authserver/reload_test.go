@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dnsrake/rrl"
+	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
 )
 
@@ -30,7 +31,7 @@ func query(t *testing.T, addr, name string, qtype uint16) bool {
 }
 
 // waitFor polls log until it contains s, for at most limit.
-func waitFor(t *testing.T, log *syncBuffer, s string, limit time.Duration, each func()) {
+func waitFor(t *testing.T, log *testutil.SyncBuffer, s string, limit time.Duration, each func()) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for !strings.Contains(log.String(), s) {
@@ -61,7 +62,7 @@ func TestBINDRateLimitReload(t *testing.T) {
 	slip 1;
 	requests-per-second 1000; # an extension of this package
 };`)
-	log := &syncBuffer{}
+	log := &testutil.SyncBuffer{}
 	rl, err := newReloader(path, rrl.NewConfig(), log)
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -12,13 +11,4 @@ import (
 
 // TestMain holds the live-test lock for the package's run: its tests flood
 // loopback, which would disturb another package's capacity measurements.
-func TestMain(m *testing.M) {
-	release, err := testutil.LockLive()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	release()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testutil.RunLocked(m)) }

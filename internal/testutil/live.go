@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"testing"
 )
 
 // liveLockEnv marks a process whose ancestor holds the live-test lock: a test binary
@@ -45,4 +46,16 @@ func LockLive() (release func(), err error) {
 		os.Unsetenv(liveLockEnv)
 		f.Close() // closing the only descriptor releases the lock
 	}, nil
+}
+
+// RunLocked runs a package's tests holding the live-test lock (see LockLive), for
+// the TestMain of a package whose tests flood loopback, and returns the exit code.
+func RunLocked(m *testing.M) int {
+	release, err := LockLive()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer release()
+	return m.Run()
 }
