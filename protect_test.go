@@ -52,6 +52,11 @@ func startProtected(t *testing.T, cfg *Config, opts ...Option) (*Protection, net
 	return p, conn.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
+// burstQuiet is the silence that ends a burst's answers: on loopback an answer
+// comes within milliseconds of its query, so half a second without one means that
+// no more are coming.
+const burstQuiet = 500 * time.Millisecond
+
 // burst sends n queries from a socket bound to src as fast as it can and returns how
 // many were answered.
 func burst(t *testing.T, src netip.Addr, dst netip.AddrPort, n int) int {
@@ -67,7 +72,7 @@ func burst(t *testing.T, src netip.Addr, dst netip.AddrPort, n int) int {
 		defer close(done)
 		buf := make([]byte, 1500)
 		for {
-			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			c.SetReadDeadline(time.Now().Add(burstQuiet))
 			if _, err := c.Read(buf); err != nil {
 				return
 			}
