@@ -94,7 +94,7 @@ const (
 	capacityProbeHold = 5 * time.Second
 	// capacityRecover is how fast a capacity that fell on an overflow returns to
 	// the last measurement, per second, after capacityRecoverHold of calm.
-	capacityRecover     = 0.5
+	capacityRecover     = 0.25
 	capacityRecoverHold = 500 * time.Millisecond
 	// capacityGain is the exponent of the correction towards the target per step:
 	// small, so that noise in one step's measurement moves the limit little.
