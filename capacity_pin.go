@@ -172,15 +172,43 @@ func (f *Filter) pinnedCapacityStats() *CapacityStats {
 			return &s
 		}
 	}
-	// Its process is gone: it died without publishing that it stopped.
-	if pc.stats.Level > 0 {
-		idle.Level, idle.Overloaded = pc.stats.Level, true
+	// Its process is gone: it died without publishing that it stopped. Whether it
+	// left a level in force is read from the settings the kernel runs: it may have
+	// died between writing a level and publishing it.
+	if level := f.levelLeft(); level > 0 {
+		idle.Level, idle.Overloaded = level, true
 		idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago without lifting its water level %.4g: it stays in force until a controller starts (rrlctl control) or the configuration is written again (rrlctl set)",
-			f.pin.dir, pc.pid, age.Round(time.Second), pc.stats.Level)
+			f.pin.dir, pc.pid, age.Round(time.Second), level)
 		return idle
 	}
 	idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago; no controller runs: the static limits are in force", f.pin.dir, pc.pid, age.Round(time.Second))
 	return idle
+}
+
+// levelLeft returns the water level in force in the settings the kernel runs, read
+// from the limits below the static ones of the Config stored with them (a level
+// times a node's factor), or 0: the level a controller wrote and did not lift.
+// f.mu is held.
+func (f *Filter) levelLeft() float64 {
+	if f.pin.config == nil {
+		return 0
+	}
+	set, cfg, err := f.pin.readConfig(f.objs)
+	if err != nil {
+		return 0
+	}
+	lat := latticeOf(cfg)
+	static := map[uint32]uint64{}
+	for _, st := range kernelSettings(cfg, set.Seed).activeNodes() {
+		static[st.Node] = st.Limit
+	}
+	for _, st := range set.activeNodes() {
+		limit, ok := static[st.Node]
+		if factor := lat.capacity.factor[min(int(st.Node), numNodes-1)]; ok && st.Limit < limit && factor > 0 {
+			return fixed(st.Limit).Float64() / factor
+		}
+	}
+	return 0
 }
 
 // RunCapacity runs the capacity controller (Config keyword capacity) of a filter
