@@ -413,12 +413,8 @@ func (f *Filter) Config() *Config {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.pin != nil && f.pin.config != nil && f.objs != nil {
-		if _, cfg, err := f.pin.readConfig(f.objs); err == nil {
-			// Keep the clock the caller may have given the Config it passed.
-			cfg.nowFunc = f.cfg.nowFunc
-			f.cfg = cfg
-		}
+	if f.pin != nil {
+		f.refreshPinnedConfig()
 	}
 	return f.cfg.clone()
 }

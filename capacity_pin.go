@@ -197,14 +197,9 @@ func (f *Filter) levelLeft() float64 {
 	if err != nil {
 		return 0
 	}
-	lat := latticeOf(cfg)
-	static := map[uint32]uint64{}
-	for _, st := range kernelSettings(cfg, set.Seed).activeNodes() {
-		static[st.Node] = st.Limit
-	}
+	static := latticeOf(cfg) // the limits of the settings without a level
 	for _, st := range set.activeNodes() {
-		limit, ok := static[st.Node]
-		if factor := lat.capacity.factor[min(int(st.Node), numNodes-1)]; ok && st.Limit < limit && factor > 0 {
+		if factor := static.capacity.factor[st.Node]; factor > 0 && st.Limit < uint64(static.limit[st.Node]) {
 			return fixed(st.Limit).Float64() / factor
 		}
 	}
@@ -355,17 +350,6 @@ func lockPinDir(p *pinState) (*os.File, error) {
 		return nil, fmt.Errorf("rrl: run capacity controller: lock %s: %w", p.dir, err)
 	}
 	return d, nil
-}
-
-// refreshPinnedConfig reads the Config stored in the pins into f.cfg. f.mu is held.
-func (f *Filter) refreshPinnedConfig() bool {
-	_, cfg, err := f.pin.readConfig(f.objs)
-	if err != nil {
-		return false
-	}
-	cfg.nowFunc = f.cfg.nowFunc
-	f.cfg = cfg
-	return true
 }
 
 // settingsGeneration returns the settings header's generation (0 if unreadable).
