@@ -53,6 +53,14 @@ type capacitySource interface {
 	apply(level float64) error
 }
 
+// sharedSource is what a source adds whose filter other processes share (a pinned
+// filter's, capacity_pin.go): whether another process's write lifted the level,
+// which must then be written again, and the status to tell them at every step.
+type sharedSource interface {
+	takeRewrite() bool
+	publish(CapacityStats)
+}
+
 // errNoSocket: capacity auto has no receive queue to watch.
 var errNoSocket = errors.New("rrl: capacity auto: no socket whose receive queue can be read; the static limits stay in force")
 
@@ -152,7 +160,8 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 	var problem error
 	in, err := src.sample(now)
 	var dec capacityDecision
-	if rw, ok := src.(interface{ takeRewrite() bool }); ok && rw.takeRewrite() && !math.IsInf(ctrl.written, 1) {
+	shared, _ := src.(sharedSource)
+	if shared != nil && shared.takeRewrite() && !math.IsInf(ctrl.written, 1) {
 		ctrl.written = -1 // another process's write lifted the level: write it again
 	}
 	switch {
@@ -198,10 +207,10 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 	if problem != nil {
 		r.status.Problem = problem.Error()
 	}
-	if p, ok := src.(interface{ publish(CapacityStats) }); ok {
+	if shared != nil {
 		st := r.status
 		r.mu.Unlock()
-		p.publish(st) // a pinned filter's controller tells every process (capacity_pin.go)
+		shared.publish(st) // a pinned filter's controller tells every process
 		r.mu.Lock()
 	}
 }
