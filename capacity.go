@@ -559,6 +559,9 @@ type capacityController struct {
 	lastBusy   int64   // the last sample with a busy queue, for probe
 	wasNear    bool    // near() at the previous sample: this one came at the close cadence
 	measured   float64 // the capacity as last measured (or probed), which lower goes under
+	// recovered: probe raised the capacity towards measured since lower last
+	// took it down.
+	recovered bool
 	level      float64 // in force: +Inf none
 	written    float64 // last Level returned with Write
 	correction float64 // multiplies the target the sketches are solved for
@@ -777,6 +780,12 @@ func (c *capacityController) lower() bool {
 		return false
 	}
 	c.capacity = max(rate, (1-capacityQuickFall)*c.capacity)
+	if c.recovered {
+		// It fell, came back towards the measurement, and overflowed again: the
+		// server is slower, not paused, so the capacity stays down (measure and
+		// probe still raise it when the server gets faster).
+		c.measured, c.recovered = c.capacity, false
+	}
 	c.nhist, c.sinceMeasure = 0, 0 // these samples are spent
 	return true
 }
@@ -805,6 +814,7 @@ func (c *capacityController) probe() {
 		// have caught a pause: quickly, once the queues stayed calm a while.
 		if c.last.Now-c.lastBusy >= int64(capacityRecoverHold) {
 			c.capacity = min(c.measured, c.capacity*(1+capacityRecover*capacityStepEvery.Seconds()))
+			c.recovered = true
 		}
 		return
 	}

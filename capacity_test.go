@@ -1,6 +1,7 @@
 package rrl
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -255,9 +256,10 @@ type simServer struct {
 	period, quota  time.Duration // 0: reads evenly
 	configured     float64       // the capacity keyword: 0 auto
 	requestsPerSec float64       // the static ceiling, 0 none
-	// dipFrom, dipTo: the server reads at half its capacity meanwhile (another
-	// process takes its processor).
+	// dipFrom, dipTo: the server reads at dipShare of its capacity meanwhile
+	// (another process takes its processor); dipShare 0 is a half.
 	dipFrom, dipTo time.Duration
+	dipShare       float64
 }
 
 // simResult is what each source sent and got answered, per second of send time.
@@ -373,11 +375,12 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 		}
 		// The server reads.
 		reading := s.period == 0 || time.Duration(now)%s.period < s.quota
+		rate := readRate
 		if time.Duration(now) >= s.dipFrom && time.Duration(now) < s.dipTo {
-			reading = reading && step%2 == 0
+			rate *= cmp.Or(s.dipShare, 0.5)
 		}
 		if reading {
-			tokens = min(tokens+readRate*tick.Seconds(), readRate*tick.Seconds()+1)
+			tokens = min(tokens+rate*tick.Seconds(), rate*tick.Seconds()+1)
 			for tokens >= 1 && head < len(queue) {
 				q := queue[head]
 				head++
@@ -608,4 +611,28 @@ func TestCapacitySimDip(t *testing.T) {
 		t.Errorf("light /24s answered %.4f after the slowdown, want >= 0.99", got)
 	}
 	t.Logf("served per second %v, lost %v, capacity at the end %.0f", res.served1s, res.overflow, res.ctrl.capacity)
+}
+
+// TestCapacitySimSlower: the server becomes a third slower for good during a flood
+// (another process keeps part of its processor). The first fall may be a pause, so
+// the capacity returns towards its measurement once; when that overflows again the
+// server is slower, and the capacity stays down: from then on nothing is lost to the
+// full queue.
+func TestCapacitySimSlower(t *testing.T) {
+	light, names := lightNets(0)
+	srv := simServer{capacity: simC, queueLen: 256, dipFrom: 3 * time.Second, dipTo: time.Hour, dipShare: 0.65}
+	res := srv.run(t, 12*time.Second, append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
+	t.Logf("served per second %v, lost %v, capacity at the end %.0f (measured %.0f)", res.served1s, res.overflow, res.ctrl.capacity, res.ctrl.measured)
+	for s := 8; s < 12; s++ {
+		if res.overflow[s] != 0 {
+			t.Errorf("second %d: %d lost to the full queue, want none once the capacity followed the slower server", s, res.overflow[s])
+		}
+		if float64(res.served1s[s]) < 0.85*0.65*simC {
+			t.Errorf("second %d: served %d, want >= 85%% of the slower capacity", s, res.served1s[s])
+		}
+	}
+	got := float64(sumOver(res.served, names, 8, 12)) / float64(sumOver(res.sent, names, 8, 12))
+	if got < 0.99 {
+		t.Errorf("light /24s answered %.4f once the capacity followed, want >= 0.99", got)
+	}
 }
