@@ -561,7 +561,7 @@ type capacityController struct {
 	measured   float64 // the capacity as last measured (or probed), which lower goes under
 	// recovered: probe raised the capacity towards measured since lower last
 	// took it down.
-	recovered bool
+	recovered  bool
 	level      float64 // in force: +Inf none
 	written    float64 // last Level returned with Write
 	correction float64 // multiplies the target the sketches are solved for
