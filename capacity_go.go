@@ -22,10 +22,10 @@ type limiterCapacity struct {
 func (g *limiterCapacity) sample(now int64) (capacityInput, error) {
 	in := g.queues.read(g.conns())
 	st := g.l.Stats()
-	judged := st.IPv4 + st.IPv6
+	judged := st.Seen - st.Exempt
 	in.Now = now
 	in.Overflow = g.queues.account(0)
-	in.Admitted = subFloor(judged, st.Limited)
+	in.Admitted = subFloor(st.Passed, st.Exempt+st.ReportOnly)
 	in.fixed = st.Exempt
 	in.Served = in.Admitted + in.fixed
 	in.Demand = judged + in.fixed + in.Overflow

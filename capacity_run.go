@@ -14,35 +14,6 @@ import (
 // steps the controller and puts the
 // water level in force, and keeps the status that Stats reports.
 
-// CapacityStats report the capacity mode (Config keyword capacity) of a Filter or
-// Limiter: whether the server is overloaded, its capacity and the water level.
-type CapacityStats struct {
-	// Auto: the capacity is measured (capacity auto); else it is configured.
-	Auto bool `json:"auto"`
-	// Capacity is the capacity in queries per second: measured, the rate the
-	// server reads while its receive queues overflow (0 until first measured), or
-	// the configured one.
-	Capacity float64 `json:"capacity"`
-	// Overloaded: the limits are at the water level now.
-	Overloaded bool `json:"overloaded"`
-	// Since is when the current overload started (zero when not overloaded).
-	Since time.Time `json:"since,omitzero"`
-	// Level is the water level in force: the limit per group of a level of factor
-	// 1 (the client network's), each level's limit being its factor times Level
-	// (within requests-per-second). 0 when the limits are lifted.
-	Level float64 `json:"level"`
-	// Demand is the rate of queries arriving (refused ones included), averaged over
-	// a quarter of a second; Target the rate of judged queries the limits aim at.
-	Demand float64 `json:"demand"`
-	Target float64 `json:"target"`
-	// Overloads counts the overloads since the controller started.
-	Overloads uint64 `json:"overloads"`
-	// Problem says why the capacity cannot be measured or the limits not set (no
-	// socket, counters that cannot be read); "" when all is well. The static
-	// limits stay in force meanwhile.
-	Problem string `json:"problem,omitempty"`
-}
-
 // capacitySource is what a controller is run over.
 type capacitySource interface {
 	// sample reads the counters and the queues at now.

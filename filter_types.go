@@ -72,11 +72,12 @@ func (m FilterMode) String() string {
 	return fmt.Sprintf("FilterMode(%d)", int(m))
 }
 
-// FilterStats are the kernel filter's counters, summed over CPUs, since it was
-// loaded. Every packet the filter sees counts in Seen and then in Passed or in one
-// reason counter (DroppedShort, DroppedResponse, DroppedReflection, or a node's
-// Limited). In report-only mode a packet counted under a reason is also counted in
-// ReportOnly and Passed, since nothing is withheld.
+// FilterStats are a request limiter's counters since it was made: the kernel
+// filter's (Filter.Stats, summed over CPUs) or the Go Limiter's (Limiter.Stats, Mode
+// ModeNone, without the checks only the kernel makes). Every packet counts in Seen
+// and then in Passed or in one reason counter (DroppedShort, DroppedResponse,
+// DroppedReflection, or a node's Limited). In report-only mode a packet counted
+// under a reason is also counted in ReportOnly and Passed, since nothing is withheld.
 type FilterStats struct {
 	Mode              FilterMode
 	Seen              uint64 // packets judged
@@ -100,6 +101,45 @@ type FilterStats struct {
 // Dropped is the number of packets the filter withheld, for every reason.
 func (s FilterStats) Dropped() uint64 {
 	return s.Seen - s.Passed
+}
+
+// limited is the number of packets the request limiter's levels refused, or
+// would have in report-only mode.
+func (s FilterStats) limited() uint64 {
+	var n uint64
+	for _, node := range s.Nodes {
+		n += node.Limited
+	}
+	return n
+}
+
+// CapacityStats report the capacity mode (Config keyword capacity) of a Filter or
+// Limiter: whether the server is overloaded, its capacity and the water level.
+type CapacityStats struct {
+	// Auto: the capacity is measured (capacity auto); else it is configured.
+	Auto bool `json:"auto"`
+	// Capacity is the capacity in queries per second: measured, the rate the
+	// server reads while its receive queues overflow (0 until first measured), or
+	// the configured one.
+	Capacity float64 `json:"capacity"`
+	// Overloaded: the limits are at the water level now.
+	Overloaded bool `json:"overloaded"`
+	// Since is when the current overload started (zero when not overloaded).
+	Since time.Time `json:"since,omitzero"`
+	// Level is the water level in force: the limit per group of a level of factor
+	// 1 (the client network's), each level's limit being its factor times Level
+	// (within requests-per-second). 0 when the limits are lifted.
+	Level float64 `json:"level"`
+	// Demand is the rate of queries arriving (refused ones included), averaged over
+	// a quarter of a second; Target the rate of judged queries the limits aim at.
+	Demand float64 `json:"demand"`
+	Target float64 `json:"target"`
+	// Overloads counts the overloads since the controller started.
+	Overloads uint64 `json:"overloads"`
+	// Problem says why the capacity cannot be measured or the limits not set (no
+	// socket, counters that cannot be read); "" when all is well. The static
+	// limits stay in force meanwhile.
+	Problem string `json:"problem,omitempty"`
 }
 
 // SketchCell is one cell of a request-limiter sketch and its current rate estimate.

@@ -97,7 +97,7 @@ func testLimitReaderReusesBuffer(t *testing.T, generic bool) {
 	wait(100)
 	runtime.GC()
 	var before, after runtime.MemStats
-	limited0 := lim.Stats().Limited
+	limited0 := lim.Stats().limited()
 	runtime.ReadMemStats(&before)
 	const n = 2000
 	for i := range n {
@@ -108,7 +108,7 @@ func testLimitReaderReusesBuffer(t *testing.T, generic bool) {
 	}
 	wait(100 + n)
 	runtime.ReadMemStats(&after)
-	dropped := lim.Stats().Limited - limited0
+	dropped := lim.Stats().limited() - limited0
 	if dropped < n*9/10 {
 		t.Fatalf("only %d of %d flood packets refused", dropped, n)
 	}

@@ -63,8 +63,9 @@ type statShard struct {
 	judged  [2]atomic.Uint64 // IPv4, IPv6
 	exempt  atomic.Uint64
 	proven  atomic.Uint64 // passed on a valid server cookie (allowProven)
+	report  atomic.Uint64 // limited, but passed because of report-only
 	limited [numNodes]atomic.Uint64
-	_       [(128 - (4+numNodes)*8%128) % 128]byte // to a multiple of the cache line
+	_       [(128 - (5+numNodes)*8%128) % 128]byte // to a multiple of the cache line
 }
 
 // limiterVerdict is the outcome of judging one packet.
@@ -80,26 +81,6 @@ type limiterVerdict struct {
 	Exempt bool
 
 	node int8 // sketch index of Limited, -1 for none
-}
-
-// LimiterStats are the counters of a Limiter since it was made.
-type LimiterStats struct {
-	// Packets judged (counted at their nodes), by family; exempt ones are not.
-	IPv4, IPv6 uint64
-	// Exempt packets: passed without being counted.
-	Exempt uint64
-	// Limited packets: dropped, or in report-only mode the ones that would have been.
-	Limited uint64
-	// CookiePassed counts the packets passed on a valid server cookie, judged only
-	// at their own address's node as the kernel filter judges them (FilterStats has
-	// the same counter); they are also in IPv4 and IPv6.
-	CookiePassed uint64
-	// Nodes has one entry per active node: IPv4 levels finest first, IPv6 levels,
-	// then the port and total nodes when on.
-	Nodes []NodeStats
-	// Capacity reports the capacity mode (Config keyword capacity) when a
-	// controller runs for the Limiter (a Protection's), else nil.
-	Capacity *CapacityStats
 }
 
 // NewLimiter returns a Limiter enforcing cfg's request limits (requests-per-second,
@@ -302,6 +283,9 @@ func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVe
 		return limiterVerdict{Allowed: true, node: -1}
 	}
 	st.limited[decider].Add(1)
+	if p.reportOnly {
+		st.report.Add(1)
+	}
 	return limiterVerdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
 }
 
@@ -363,6 +347,9 @@ func (l *Limiter) decideProvenAt(src netip.AddrPort, now int64, rand uint32) lim
 		return limiterVerdict{Allowed: true, node: -1}
 	}
 	st.limited[n].Add(1)
+	if p.reportOnly {
+		st.report.Add(1)
+	}
 	return limiterVerdict{Allowed: p.reportOnly, Limited: p.name[n], node: int8(n)}
 }
 
@@ -379,40 +366,46 @@ func maskIPv6(hi, lo uint64, bits int) (uint64, uint64) {
 	return hi &^ (math.MaxUint64 >> bits), 0
 }
 
-// Stats returns the Limiter's counters since it was made. Counters are kept per
-// node position, so after an Update that adds or removes levels a node's count
-// includes what the level previously at its position limited.
-func (l *Limiter) Stats() LimiterStats {
+// Stats returns the Limiter's counters since it was made, as the kernel filter
+// reports its own: Mode is ModeNone, and the counters of checks only the kernel
+// makes (NotDNS, the Dropped* ones, Errors, CookieInvalid) stay 0. Node counters
+// are kept per node position, so after an Update that adds or removes levels a
+// node's count includes what the level previously at its position limited.
+func (l *Limiter) Stats() FilterStats {
 	p := l.params.Load()
-	var s LimiterStats
+	var s FilterStats
+	var judged [2]uint64
 	var limited [numNodes]uint64
 	for i := range l.stats {
 		sh := &l.stats[i]
-		s.IPv4 += sh.judged[0].Load()
-		s.IPv6 += sh.judged[1].Load()
+		judged[0] += sh.judged[0].Load()
+		judged[1] += sh.judged[1].Load()
 		s.Exempt += sh.exempt.Load()
 		s.CookiePassed += sh.proven.Load()
+		s.ReportOnly += sh.report.Load()
 		for n := range limited {
 			limited[n] += sh.limited[n].Load()
 		}
 	}
+	s.Seen = judged[0] + judged[1] + s.Exempt
+	s.Passed = s.Seen + s.ReportOnly
 	for _, n := range limited {
-		s.Limited += n
+		s.Passed -= n
 	}
 	add := func(n int, packets uint64) {
 		s.Nodes = append(s.Nodes, NodeStats{p.name[n], p.limit[n].Float64(), packets, limited[n]})
 	}
 	for i := range p.levels[0] {
-		add(nodeIPv4First+i, s.IPv4)
+		add(nodeIPv4First+i, judged[0])
 	}
 	for i := range p.levels[1] {
-		add(nodeIPv6First+i, s.IPv6)
+		add(nodeIPv6First+i, judged[1])
 	}
 	if p.limit[nodePort] != 0 {
-		add(nodePort, s.IPv4+s.IPv6)
+		add(nodePort, judged[0]+judged[1])
 	}
 	if p.limit[nodeTotal] != 0 {
-		add(nodeTotal, s.IPv4+s.IPv6)
+		add(nodeTotal, judged[0]+judged[1])
 	}
 	s.Capacity = l.capacity.Load().stats() // capacity_go.go
 	return s

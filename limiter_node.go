@@ -78,12 +78,12 @@ func (n *LimiterNode) UnmarshalText(b []byte) error {
 }
 
 // NodeStats are the settings and counters of one source group level of the request
-// limiter, in the kernel filter (FilterStats) or in Go (LimiterStats). A level keeps
+// limiter, in the kernel filter (Filter.Stats) or in Go (Limiter.Stats). A level keeps
 // its counter when an Update takes it out of force (with Limit 0) and when it comes
 // back, so Limited never goes down.
 type NodeStats struct {
 	Node    LimiterNode // the level: ipv4/24, ipv6/56, port (one source port), total
 	Limit   float64     // packets per second per group; 0 for a level no longer in force
-	Packets uint64      // packets counted at the level (Limiter only; 0 in FilterStats)
+	Packets uint64      // packets counted at the level (Limiter.Stats only; 0 from the kernel)
 	Limited uint64      // packets this level refused (dropped unless report-only)
 }

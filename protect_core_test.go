@@ -116,7 +116,7 @@ func TestNewProtectionGoUntilAttached(t *testing.T) {
 	if limited == 0 || answered >= sent/2 || answered+int(limited) != sent {
 		t.Errorf("answered %d + limited %d of %d: want the Go limits, once", answered, limited, sent)
 	}
-	if p.Limiter() == nil || p.Limiter().Stats().Limited != limited {
+	if p.Limiter() == nil || p.Limiter().Stats().limited() != limited {
 		t.Errorf("limiter %v: want it to have counted the %d refusals", p.Limiter(), limited)
 	}
 }

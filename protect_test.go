@@ -143,7 +143,7 @@ func TestProtectEnforcesRequestsOnce(t *testing.T) {
 					limited += n.Limited
 				}
 			} else {
-				limited = p.Limiter().Stats().Limited
+				limited = p.Limiter().Stats().limited()
 				if got := p.Handler().Stats().RequestsLimited; got != limited {
 					t.Errorf("handler refused %d, limiter %d", got, limited)
 				}

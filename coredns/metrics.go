@@ -106,14 +106,18 @@ func (p *RRL) exceeded() (responses, requests uint64) {
 	st := prot.RRL().GetStats(false)
 	responses = uint64(st.RTReasons[rrl.RTRateLimit] + st.IPReasons[rrl.IPAllRateLimit])
 	requests = uint64(st.IPReasons[rrl.IPRateLimit])
+	var limiters []rrl.FilterStats // the request limits, in Go and in each kernel filter
 	if l := prot.Limiter(); l != nil {
-		requests += l.Stats().Limited
+		limiters = append(limiters, l.Stats())
 	}
 	for _, f := range p.socketFilters() {
 		if fs, err := f.Stats(); err == nil {
-			for _, n := range fs.Nodes {
-				requests += n.Limited
-			}
+			limiters = append(limiters, fs)
+		}
+	}
+	for _, st := range limiters {
+		for _, n := range st.Nodes {
+			requests += n.Limited
 		}
 	}
 	return responses, requests

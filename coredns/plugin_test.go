@@ -178,7 +178,7 @@ func limitedInGo(t *testing.T, p *RRL, local netip.AddrPort) (answered int, limi
 	t.Helper()
 	var before uint64
 	if l := p.prot.Load().Limiter(); l != nil {
-		before = l.Stats().Limited
+		before = l.Stats().Dropped()
 	}
 	for range 200 {
 		if out, _, _ := serveOn(t, context.Background(), p, "www.example.org.", &localWriter{local: local}); out != "drop" {
@@ -186,7 +186,7 @@ func limitedInGo(t *testing.T, p *RRL, local netip.AddrPort) (answered int, limi
 		}
 	}
 	if l := p.prot.Load().Limiter(); l != nil {
-		limited = l.Stats().Limited - before
+		limited = l.Stats().Dropped() - before
 	}
 	return answered, limited
 }

@@ -4,6 +4,8 @@
 package rrlprom
 
 import (
+	"strings"
+
 	"github.com/dnsrake/rrl"
 	"github.com/dnsrake/rrl/tcplimit"
 	"github.com/prometheus/client_golang/prometheus"
@@ -232,8 +234,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.limiter != nil {
 		st := c.limiter.Stats()
-		counter(c.lPackets, float64(st.IPv4), "ipv4")
-		counter(c.lPackets, float64(st.IPv6), "ipv6")
+		for _, family := range []string{"ipv4", "ipv6"} {
+			counter(c.lPackets, float64(familyPackets(st, family)), family)
+		}
 		counter(c.lExempt, float64(st.Exempt))
 		for _, n := range st.Nodes {
 			counter(c.lLimited, float64(n.Limited), n.Node.String())
@@ -302,4 +305,15 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 	counter(c.fCookiePassed, float64(st.CookiePassed))
 	counter(c.fCookieInvalid, float64(st.CookieInvalid))
 	c.fCapacity.collect(st.Capacity, counter, gauge)
+}
+
+// familyPackets returns the packets of one family ("ipv4", "ipv6") the Go limiter
+// judged: its first level counts every one of them.
+func familyPackets(st rrl.FilterStats, family string) uint64 {
+	for _, n := range st.Nodes {
+		if strings.HasPrefix(n.Node.String(), family+"/") {
+			return n.Packets
+		}
+	}
+	return 0
 }

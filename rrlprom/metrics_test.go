@@ -182,7 +182,7 @@ func TestCollectorLimiters(t *testing.T) {
 		want[`limiter_limited_total{node="`+n.Node.String()+`"}`] = float64(n.Limited)
 		want[`limiter_limit_packets_per_second{node="`+n.Node.String()+`"}`] = n.Limit
 	}
-	if ls.Limited == 0 || len(ls.Nodes) < 3 {
+	if ls.Dropped() == 0 || len(ls.Nodes) < 3 {
 		t.Fatalf("limiter stats %+v: nothing limited", ls)
 	}
 	checkSeries(t, c, want)

@@ -187,7 +187,7 @@ func (s *server) snapshot(mode rrl.FilterMode) demoResult {
 	} else if s.limiter != nil {
 		// Nearly all from the flood: the legitimate resolvers are far under
 		// their limits (the table's answered row shows it).
-		r.limiterDropped = int64(s.limiter.Stats().Limited)
+		r.limiterDropped = int64(s.limiter.Stats().Dropped())
 	}
 	return r
 }
