@@ -106,7 +106,7 @@ func newLimiterSeed(cfg *Config, seed uint64) (*Limiter, error) {
 	l := &Limiter{seedv: seed, mix0: mix64(seed), mix00: mix64(mix64(seed)), start: time.Now()}
 	l.sketch = new([numNodes]countMin)
 	l.params.Store(p)
-	l.events.Store(newGroupTracker(cfg))
+	l.events.Store(newGroupTracker(cfg, l))
 	return l, nil
 }
 
@@ -181,7 +181,7 @@ func (l *Limiter) Update(cfg *Config) error {
 			ev.stopTicks()
 		}
 	case ev == nil:
-		l.events.Store(newGroupTracker(cfg))
+		l.events.Store(newGroupTracker(cfg, l))
 	default:
 		ev.mu.Lock()
 		ev.fn, ev.budget.perSec = cfg.eventFunc, cfg.eventsPerSec()
@@ -275,9 +275,9 @@ func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVe
 	}
 	if ev := l.events.Load(); ev != nil {
 		if decider >= 0 {
-			l.limited(ev, p, decider, hs[dj], src, now, arrivalRate(dc))
+			ev.limited(decider, p.groupNode(decider), hs[dj], src, now, arrivalRate(dc))
 		}
-		l.sweep(ev, now)
+		ev.sweep(now)
 	}
 	if decider < 0 {
 		return limiterVerdict{Allowed: true, node: -1}
@@ -338,9 +338,9 @@ func (l *Limiter) decideProvenAt(src netip.AddrPort, now int64, rand uint32) lim
 	refused := c >= p.trip[n] && fixed(rand).Mul(arrivalRate(c)) >= p.limit[n]
 	if ev := l.events.Load(); ev != nil {
 		if refused {
-			l.limited(ev, p, n, h, src, now, arrivalRate(c))
+			ev.limited(n, p.groupNode(n), h, src, now, arrivalRate(c))
 		}
-		l.sweep(ev, now)
+		ev.sweep(now)
 	}
 	if !refused {
 		st.proven.Add(1)
@@ -411,6 +411,20 @@ func (l *Limiter) Stats() FilterStats {
 	return s
 }
 
+// groupNode describes node n of p for a limiting event.
+func (p *limiterParams) groupNode(n int) groupNode {
+	return groupNode{name: p.name[n], limit: p.limit[n], prefixLen: p.prefix[n], reportOnly: p.reportOnly}
+}
+
+// groupRate returns a group's estimated rate and its node's limit now, for the
+// event sweeps (groupSource).
+func (l *Limiter) groupRate(n int, h uint64, t uint64) (rate, limit fixed) {
+	return l.sketch[n].rate(h, t), l.params.Load().limit[n]
+}
+
+// following reports whether ev is the Limiter's event tracker (groupSource).
+func (l *Limiter) following(ev *groupTracker) bool { return l.events.Load() == ev }
+
 // memoryBytes returns the memory of the Limiter's sketches in bytes: 786,432
 // (12 nodes x 2 rows x 2048 cells x 16 bytes), whatever the traffic.
 func (l *Limiter) memoryBytes() int {
@@ -434,3 +448,195 @@ func (l *Limiter) nodePrefix(node int) int { return l.params.Load().prefix[node]
 
 // nodeIndex returns the sketch index of the node that limited the packet, -1 for none.
 func (v limiterVerdict) nodeIndex() int { return int(v.node) }
+
+// ---- The capacity mode's water level in the limits (capacity.go computes it) ----
+
+// capacityParams are a limiter's capacity settings: the water level in force and,
+// for every node it adjusts, its factor (0: not adjusted) and its limit without the
+// water level (fixedMax for none).
+type capacityParams struct {
+	on     bool
+	factor [numNodes]float64
+	base   [numNodes]fixed
+	level  float64 // 0 or +Inf: none
+}
+
+// initCapacity sets up the capacity mode for cfg (nothing when capacity is off) and
+// puts cfg's water level (capLevel, set for the kernel's settings) in force. It runs
+// before the trip counts are computed.
+func (p *limiterParams) initCapacity(cfg *Config) {
+	if cfg.capacity == 0 {
+		return
+	}
+	c := &p.capacity
+	c.on = true
+	for fam, first := range [2]int{nodeIPv4First, nodeIPv6First} {
+		own := 32
+		if fam == 1 {
+			own = 128
+		}
+		for i, lv := range cfg.requestLevels(fam == 0) {
+			if i >= min(p.levels[fam], maxRequestLevel) {
+				break
+			}
+			if i == 0 && lv.PrefixLen == own {
+				continue // the level proven queries are judged in: static only
+			}
+			c.factor[first+i] = lv.Factor
+		}
+	}
+	if cfg.sourcePortFactor > 0 {
+		if p.limit[nodePort] == 0 {
+			p.limit[nodePort] = fixedMax // counted, not limited
+		}
+		c.factor[nodePort] = cfg.sourcePortFactor
+	}
+	c.base = p.limit
+	p.applyLevel(cfg.capLevel)
+}
+
+// applyLevel puts the water level in force: every adjusted node's limit becomes the
+// smaller of its base and level times its factor; 0 or +Inf restores the bases. The
+// trip counts must be computed afterwards (retrip).
+func (p *limiterParams) applyLevel(level float64) {
+	c := &p.capacity
+	if !c.on {
+		return
+	}
+	if !(level > 0) || math.IsInf(level, 1) {
+		level = 0
+	}
+	c.level = level
+	for n := range numNodes {
+		limit := c.base[n]
+		if f := c.factor[n]; f > 0 && level > 0 {
+			// A positive limit too small for a fixed is the smallest one, not 0 (off).
+			limit = min(limit, max(fixedFromFloat(level*f), 1))
+		}
+		p.limit[n] = limit
+	}
+}
+
+// retrip recomputes the trip counts from the limits.
+func (p *limiterParams) retrip() {
+	for n, limit := range p.limit {
+		p.trip[n] = tripCount(limit)
+	}
+}
+
+// keepLevel carries the water level of old, the parameters an Update replaces, over
+// to p, so that an Update during an overload does not lift the limits.
+func (p *limiterParams) keepLevel(old *limiterParams) {
+	if p.capacity.on && old.capacity.level > 0 {
+		p.applyLevel(old.capacity.level)
+		p.retrip()
+	}
+}
+
+// setCapacityLevel puts the water level in force in l (0 or +Inf: none). It does
+// nothing unless l's Config has capacity on.
+func (l *Limiter) setCapacityLevel(level float64) {
+	l.updateMu.Lock()
+	defer l.updateMu.Unlock()
+	old := l.params.Load()
+	if !old.capacity.on {
+		return
+	}
+	p := *old
+	p.applyLevel(level)
+	p.retrip()
+	l.params.Store(&p)
+}
+
+// capacityPredict is how far ahead of the read the cells' estimates are taken: half
+// a step, the middle of the time the level read now is in force.
+const capacityPredict = capacityStepEvery / 2
+
+// capacityNodes returns the nodes p's water level adjusts, with their cells read at
+// now; cell reads one cell of a node's sketch (count and time, as cmCell holds them).
+// A cell's rate is its arrivals since the previous read, when that was between 50 ms
+// and a second ago (else its estimate), and its estimate is where the sketch's
+// decaying count will be capacityPredict later at that rate.
+func (p *limiterParams) capacityNodes(now uint64, cell func(node, row, col int) (fixed, uint64), s *capacityScratch) []capacityNode {
+	s.nodes = s.nodes[:0]
+	c := &p.capacity
+	dt := int64(now) - int64(s.prevAt)
+	useRate := s.prevAt > 0 && dt >= int64(50*time.Millisecond) && dt <= int64(time.Second)
+	// Over dt, an arrival rate r adds r*tau*(1-d) to a count that decays by d, with
+	// tau the estimator's time constant; an estimate e moves to r + (e-r)*ahead.
+	tau := float64(halfLifeNanos) / math.Ln2 / 1e9
+	d := math.Exp2(-float64(dt) / halfLifeNanos)
+	gain := tau * (1 - d)
+	ahead := math.Exp2(-float64(capacityPredict) / halfLifeNanos)
+	for n := range numNodes {
+		if c.factor[n] <= 0 {
+			s.prev[n] = s.prev[n][:0]
+			continue
+		}
+		cn := capacityNode{node: n, fam: 2, factor: c.factor[n], base: limitRate(c.base[n])}
+		switch {
+		case n < nodeIPv6First:
+			cn.fam = 0
+		case n < nodePort:
+			cn.fam = 1
+		}
+		prev := s.prev[n]
+		fresh := !useRate || len(prev) != sketchDepth*sketchWidth || s.name[n] != p.name[n]
+		if len(prev) != sketchDepth*sketchWidth {
+			prev = make([]float64, sketchDepth*sketchWidth)
+			s.prev[n] = prev
+		}
+		s.name[n] = p.name[n]
+		for row := range sketchDepth {
+			cells := s.cells[n][row][:0]
+			for col := range sketchWidth {
+				i := row*sketchWidth + col
+				count, last := cell(n, row, col)
+				before := prev[i]
+				if count == 0 {
+					prev[i] = 0
+					if before == 0 || fresh {
+						continue
+					}
+				}
+				// The count decayed to now, in packets.
+				if now > last {
+					count = count.Mul(decayFactor(now - last))
+				}
+				k := count.Float64()
+				prev[i] = k
+				est := k / tau
+				rate := est
+				if !fresh {
+					rate = max(k-before*d, 0) / gain
+					est = rate + (est-rate)*ahead
+				}
+				if est > 0 {
+					cells = append(cells, curveCell{est, rate})
+				}
+			}
+			s.cells[n][row] = cells
+			cn.rows[row] = newFillCurve(cells, s.curves[n][row])
+			s.curves[n][row] = cn.rows[row]
+		}
+		s.nodes = append(s.nodes, cn)
+	}
+	s.prevAt = now
+	return s.nodes
+}
+
+// limitRate is a limit in queries per second, +Inf for fixedMax (none).
+func limitRate(f fixed) float64 {
+	if f == fixedMax {
+		return math.Inf(1)
+	}
+	return f.Float64()
+}
+
+// capacityNodes returns the Limiter's adjusted nodes at now (see
+// limiterParams.capacityNodes).
+func (l *Limiter) capacityNodes(now int64, s *capacityScratch) []capacityNode {
+	return l.params.Load().capacityNodes(uint64(max(now, 0)), func(node, row, col int) (fixed, uint64) {
+		return l.sketch[node][row][col].load()
+	}, s)
+}

@@ -50,6 +50,26 @@ type groupTracker struct {
 	// a tick reckons the packets' time.
 	pktAt, realAt int64
 	realNow       func() int64 // coarseNanos; tests replace it
+	// src reads the groups' rates for the sweeps: the Limiter.
+	src groupSource
+}
+
+// groupSource is what a groupTracker reads from the limiter it follows.
+type groupSource interface {
+	// groupRate returns the estimated rate of the group with sketch hash h at
+	// node n, at time t (ns), and the node's limit (0: off).
+	groupRate(n int, h uint64, t uint64) (rate, limit fixed)
+	// following reports whether ev still follows the limiter's groups (an Update
+	// may have turned events off, or replaced ev).
+	following(ev *groupTracker) bool
+}
+
+// groupNode is what an event says about the node that limited a group.
+type groupNode struct {
+	name       LimiterNode
+	limit      fixed
+	prefixLen  int
+	reportOnly bool
 }
 
 // groupRecord is one limited group.
@@ -64,11 +84,12 @@ type groupRecord struct {
 	ev       LimitEvent
 }
 
-func newGroupTracker(cfg *Config) *groupTracker {
+func newGroupTracker(cfg *Config, src groupSource) *groupTracker {
 	if cfg.eventFunc == nil {
 		return nil
 	}
 	return &groupTracker{
+		src:     src,
 		fn:      cfg.eventFunc,
 		budget:  eventBudget{perSec: cfg.eventsPerSec()},
 		groups:  make(map[uint64]*groupRecord),
@@ -87,9 +108,9 @@ func groupKey(node int, h uint64) uint64 {
 	return k
 }
 
-// limited notes that a packet from src was limited at node n of p, whose group has
-// sketch hash h and estimated rate rate, at time now.
-func (l *Limiter) limited(ev *groupTracker, p *limiterParams, n int, h uint64, src netip.AddrPort, now int64, rate fixed) {
+// limited notes that a packet from src was limited at node n (described by node),
+// whose group has sketch hash h and estimated rate rate, at time now.
+func (ev *groupTracker) limited(n int, node groupNode, h uint64, src netip.AddrPort, now int64, rate fixed) {
 	k := groupKey(n, h)
 	slot := &ev.cache[k%groupCacheSize]
 	if slot.Load() == k {
@@ -110,18 +131,18 @@ func (l *Limiter) limited(ev *groupTracker, p *limiterParams, n int, h uint64, s
 	}
 	g := &groupRecord{node: n, hash: h, start: now}
 	e := &g.ev
-	e.Account, e.Node, e.Limit, e.ReportOnly = AccountGroup, p.name[n], p.limit[n].Float64(), p.reportOnly
+	e.Account, e.Node, e.Limit, e.ReportOnly = AccountGroup, node.name, node.limit.Float64(), node.reportOnly
 	switch {
 	case n == nodePort:
 		e.Port = src.Port()
 	case n == nodeTotal:
 	default:
-		e.Network, _ = src.Addr().Unmap().Prefix(p.prefix[n])
+		e.Network, _ = src.Addr().Unmap().Prefix(node.prefixLen)
 	}
 	ev.groups[k] = g
 	slot.Store(k)
 	ev.pktAt, ev.realAt = now, ev.realNow()
-	l.armLocked(ev)
+	ev.armLocked()
 	var out []LimitEvent
 	if ev.budget.take(now) {
 		s := g.ev
@@ -144,19 +165,17 @@ func (l *Limiter) limited(ev *groupTracker, p *limiterParams, n int, h uint64, s
 
 // sweep ends the episodes of groups whose estimated rate fell under their limit and
 // reports the stops the budget allows.
-func (l *Limiter) sweep(ev *groupTracker, now int64) {
+func (ev *groupTracker) sweep(now int64) {
 	next := ev.next.Load()
 	if now < next || !ev.next.CompareAndSwap(next, now+int64(time.Second)) {
 		return
 	}
-	p := l.params.Load()
 	t := uint64(max(now, 0))
 	var out []LimitEvent
 	ev.mu.Lock()
 	for k, g := range ev.groups {
 		if !g.ended {
-			rate := l.sketch[g.node].rate(g.hash, t)
-			if limit := p.limit[g.node]; limit == 0 || rate < limit {
+			if rate, limit := ev.src.groupRate(g.node, g.hash, t); limit == 0 || rate < limit {
 				g.ended, g.end, g.rate = true, now, rate
 				ev.cache[k%groupCacheSize].CompareAndSwap(k, 0)
 			}
@@ -174,7 +193,7 @@ func (l *Limiter) sweep(ev *groupTracker, now int64) {
 		delete(ev.groups, k)
 	}
 	ev.pktAt, ev.realAt = now, ev.realNow()
-	l.armLocked(ev)
+	ev.armLocked()
 	fn := ev.fn
 	ev.mu.Unlock()
 	for _, e := range out {
@@ -184,12 +203,12 @@ func (l *Limiter) sweep(ev *groupTracker, now int64) {
 
 // armLocked arms ev's timer for the next sweep, unless it is armed already, events
 // are off or no group is followed. ev.mu is held.
-func (l *Limiter) armLocked(ev *groupTracker) {
+func (ev *groupTracker) armLocked() {
 	if ev.ticks.armed || ev.ticks.off || len(ev.groups) == 0 {
 		return
 	}
 	d := time.Duration(ev.next.Load() - ev.tickNowLocked())
-	ev.ticks.arm(d, func() { l.eventTick(ev) })
+	ev.ticks.arm(d, ev.eventTick)
 }
 
 // tickNowLocked is the packets' clock now as a tick reckons it. ev.mu is held.
@@ -198,17 +217,17 @@ func (ev *groupTracker) tickNowLocked() int64 {
 }
 
 // eventTick is the timer's sweep, for when no packet came to run it.
-func (l *Limiter) eventTick(ev *groupTracker) {
+func (ev *groupTracker) eventTick() {
 	ev.mu.Lock()
 	ev.ticks.armed = false
 	now := ev.tickNowLocked()
 	ev.mu.Unlock()
-	if l.events.Load() != ev { // events are off; Update stopped the timer
+	if !ev.src.following(ev) { // events are off; Update stopped the timer
 		return
 	}
-	l.sweep(ev, now)
+	ev.sweep(now)
 	ev.mu.Lock()
-	l.armLocked(ev) // when the sweep was not due yet, or another one ran it
+	ev.armLocked() // when the sweep was not due yet, or another one ran it
 	ev.mu.Unlock()
 }
 
