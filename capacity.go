@@ -13,7 +13,8 @@ package rrl
 // whose queues were full at both ends, so that what entered them is what was read),
 // or the configured number. A measured C falls at once (by at most 15% a tenth of a
 // second) when the queues overflow under the limits, comes back to its last
-// measurement once they are calm (a pause is not a slower server), and creeps up
+// measurement once they are calm (a pause is not a slower server) unless it falls
+// again after coming back (then the server is slower: it stays), and creeps up
 // slowly beyond it while nothing is busy, in case the server got faster.
 //
 // Under overload every adjusted node's limit becomes its factor times one water
