@@ -4,8 +4,6 @@
 package rrlprom
 
 import (
-	"strings"
-
 	"github.com/dnsrake/rrl"
 	"github.com/dnsrake/rrl/tcplimit"
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,7 +51,7 @@ import (
 //	filter_capacity_demand_queries_per_second   capacity cannot be measured; only with the
 //	filter_capacity_overloads_total             mode on (limiter_capacity_*: the same for the
 //	filter_capacity_problem                     Go limiter's)
-//	limiter_packets_total{family}               packets the Go Limiter judged
+//	limiter_packets_total                       packets the Go Limiter judged
 //	limiter_exempt_total                        exempt packets it passed uncounted
 //	limiter_limited_total{node}                 packets it refused, by level
 //	limiter_limit_packets_per_second{node}      each level's limit
@@ -143,7 +141,7 @@ func NewCollector(namespace string, r *rrl.RRL, opts ...CollectorOption) *Collec
 	c.fCookiePassed = d("filter", "cookie_passed_total", "Queries the kernel filter passed on a valid server cookie, judged only against their own address's limit.")
 	c.fCookieInvalid = d("filter", "cookie_invalid_total", "Queries whose server cookie did not verify in the kernel filter, judged as without one.")
 
-	c.lPackets = d("limiter", "packets_total", "Packets the Go request limiter judged, by family.", "family")
+	c.lPackets = d("limiter", "packets_total", "Packets the Go request limiter judged (exempt ones are not).")
 	c.lExempt = d("limiter", "exempt_total", "Packets from exempt clients, passed uncounted.")
 	c.lLimited = d("limiter", "limited_total", "Packets the Go request limiter refused, by level.", "node")
 	c.lLimit = d("limiter", "limit_packets_per_second", "The Go request limiter's limit per group, by level.", "node")
@@ -234,9 +232,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.limiter != nil {
 		st := c.limiter.Stats()
-		for _, family := range []string{"ipv4", "ipv6"} {
-			counter(c.lPackets, float64(familyPackets(st, family)), family)
-		}
+		counter(c.lPackets, float64(st.Seen-st.Exempt))
 		counter(c.lExempt, float64(st.Exempt))
 		for _, n := range st.Nodes {
 			counter(c.lLimited, float64(n.Limited), n.Node.String())
@@ -305,15 +301,4 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 	counter(c.fCookiePassed, float64(st.CookiePassed))
 	counter(c.fCookieInvalid, float64(st.CookieInvalid))
 	c.fCapacity.collect(st.Capacity, counter, gauge)
-}
-
-// familyPackets returns the packets of one family ("ipv4", "ipv6") the Go limiter
-// judged: its first level counts every one of them.
-func familyPackets(st rrl.FilterStats, family string) uint64 {
-	for _, n := range st.Nodes {
-		if strings.HasPrefix(n.Node.String(), family+"/") {
-			return n.Packets
-		}
-	}
-	return 0
 }

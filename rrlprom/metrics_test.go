@@ -173,10 +173,9 @@ func TestCollectorLimiters(t *testing.T) {
 
 	c := NewCollector("", nil, CollectLimiter(lim), CollectTCPLimiter(tl))
 	want := map[string]float64{
-		`limiter_packets_total{family="ipv4"}`: 1000,
-		`limiter_packets_total{family="ipv6"}`: 0,
-		`tcp_accepted_total`:                   0,
-		`tcp_open_connections`:                 0,
+		`limiter_packets_total`: 1000,
+		`tcp_accepted_total`:    0,
+		`tcp_open_connections`:  0,
 	}
 	for _, n := range ls.Nodes {
 		want[`limiter_limited_total{node="`+n.Node.String()+`"}`] = float64(n.Limited)
