@@ -368,7 +368,8 @@ func maskIPv6(hi, lo uint64, bits int) (uint64, uint64) {
 
 // Stats returns the Limiter's counters since it was made, as the kernel filter
 // reports its own: Mode is ModeNone, and the counters of checks only the kernel
-// makes (NotDNS, the Dropped* ones, Errors, CookieInvalid) stay 0. Node counters
+// makes (NotDNS, the Dropped* ones, Errors, CookieInvalid) stay 0, and Capacity is
+// set only while a controller runs for the Limiter (a Protection's). Node counters
 // are kept per node position, so after an Update that adds or removes levels a
 // node's count includes what the level previously at its position limited.
 func (l *Limiter) Stats() FilterStats {
