@@ -377,22 +377,25 @@ func (l *Limiter) Stats() FilterStats {
 	var s FilterStats
 	var judged [2]uint64
 	var limited [numNodes]uint64
+	var refused uint64
 	for i := range l.stats {
 		sh := &l.stats[i]
-		judged[0] += sh.judged[0].Load()
-		judged[1] += sh.judged[1].Load()
-		s.Exempt += sh.exempt.Load()
-		s.CookiePassed += sh.proven.Load()
+		// A packet counts in judged (or exempt) before limited, and in limited
+		// before report: read in the other order, no count runs ahead of the one
+		// it is part of while packets are being judged.
 		s.ReportOnly += sh.report.Load()
 		for n := range limited {
-			limited[n] += sh.limited[n].Load()
+			c := sh.limited[n].Load()
+			limited[n] += c
+			refused += c
 		}
+		s.CookiePassed += sh.proven.Load()
+		s.Exempt += sh.exempt.Load()
+		judged[0] += sh.judged[0].Load()
+		judged[1] += sh.judged[1].Load()
 	}
 	s.Seen = judged[0] + judged[1] + s.Exempt
-	s.Passed = s.Seen + s.ReportOnly
-	for _, n := range limited {
-		s.Passed -= n
-	}
+	s.Passed = s.Seen - refused + s.ReportOnly
 	add := func(n int, packets uint64) {
 		s.Nodes = append(s.Nodes, NodeStats{p.name[n], p.limit[n].Float64(), packets, limited[n]})
 	}

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -915,6 +916,34 @@ func TestLimiterConcurrent(t *testing.T) {
 	st := l.Stats()
 	if (st.Seen-st.Exempt) != uint64(4*n) || st.limited() == 0 {
 		t.Errorf("stats after %d packets: %+v", 4*n, st)
+	}
+}
+
+// TestLimiterStatsWhileJudging: Stats read while packets are being judged never
+// shows more refused packets than judged ones (Passed would wrap around), in
+// report-only mode or not.
+func TestLimiterStatsWhileJudging(t *testing.T) {
+	for _, reportOnly := range []string{"false", "true"} {
+		t.Run("report-only="+reportOnly, func(t *testing.T) {
+			l := testLimiter(t, 1, "report-only", reportOnly)
+			var wg sync.WaitGroup
+			var done atomic.Bool
+			for w := range 2 {
+				wg.Go(func() {
+					for i := range 50_000 {
+						l.Allow(netip.AddrPortFrom(v4(198, 51, 100, w), uint16(i)))
+					}
+				})
+			}
+			go func() { wg.Wait(); done.Store(true) }()
+			for reads := 0; !done.Load() || reads == 0; reads++ {
+				st := l.Stats()
+				if st.Passed > st.Seen || st.limited() > st.Seen || st.ReportOnly > st.limited() {
+					t.Fatalf("read %d: seen %d, passed %d, limited %d, report-only %d", reads, st.Seen, st.Passed, st.limited(), st.ReportOnly)
+				}
+			}
+			wg.Wait()
+		})
 	}
 }
 
