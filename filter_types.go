@@ -100,6 +100,11 @@ type FilterStats struct {
 
 // Dropped is the number of packets the filter withheld, for every reason.
 func (s FilterStats) Dropped() uint64 {
+	// The kernel's per-CPU counters are copied while packets are being counted, so
+	// a packet's Passed may be read without its Seen.
+	if s.Passed > s.Seen {
+		return 0
+	}
 	return s.Seen - s.Passed
 }
 
