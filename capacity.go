@@ -14,7 +14,8 @@ package rrl
 // or the configured number. A measured C falls at once (by at most 15% a tenth of a
 // second) when the queues overflow under the limits, comes back to its last
 // measurement once they are calm (a pause is not a slower server) unless it falls
-// again after coming back (then the server is slower: it stays), and creeps up
+// again after coming back (then the server is slower: it stays), rises to what the
+// server reads while its queues stay busy without growing, and creeps up
 // slowly beyond it while nothing is busy, in case the server got faster.
 //
 // Under overload every adjusted node's limit becomes its factor times one water
@@ -330,9 +331,10 @@ type capacitySampleDelta struct {
 	dt       int64
 	served   uint64
 	overflow uint64
-	busy     bool // a queue overflowed or was at least capacityBusyFill full
-	close    bool // begun at the close cadence (capacitySampleEvery)
-	empty    bool // every queue was empty at the sample
+	busy     bool   // a queue overflowed or was at least capacityBusyFill full
+	close    bool   // begun at the close cadence (capacitySampleEvery)
+	empty    bool   // every queue was empty at the sample
+	queued   uint64 // bytes in the queues at the sample
 }
 
 // capacityDecision is what the driver must do after a sample.
@@ -409,6 +411,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	d.overflow = diff(in.Overflow, c.last.Overflow)
 	d.busy = d.overflow > 0 || (in.QueueLimit > 0 && float64(in.Queued) >= capacityBusyFill*float64(in.QueueLimit))
 	d.empty = in.Sockets > 0 && in.Queued == 0
+	d.queued = in.Queued
 	secs := float64(d.dt) / 1e9
 	a := 1 - math.Exp(-float64(d.dt)/float64(capacityRateTau))
 	avg := func(r *float64, n uint64) { *r += a * (float64(n)/secs - *r) }
@@ -555,6 +558,7 @@ func (c *capacityController) measure() {
 		n = capacityQuick
 	}
 	if c.sinceMeasure < n {
+		c.raiseBusy(capacityQuick)
 		return
 	}
 	rate, ok := c.drainRate(n, c.capacity == 0)
@@ -572,6 +576,41 @@ func (c *capacityController) measure() {
 	}
 	c.sinceMeasure = 0
 	c.measured = c.capacity
+}
+
+// raiseBusy raises a known capacity to the rate the server read over the last n
+// samples when its queues were busy at every one and at the one before, and held no
+// more at the end than at the start: it then read at least what entered them
+// (Served), as fast as it could. drainRate needs the queues to overflow at both
+// ends, which the limits prevent once they hold, so a first measurement taken over
+// a slow moment would otherwise come back only by the slow probe. It only raises:
+// a rate under the capacity may be a pause.
+func (c *capacityController) raiseBusy(n int) {
+	if c.capacity == 0 || c.nhist < n+1 {
+		return
+	}
+	recent := c.recent(n + 1)
+	if recent[n].queued > recent[0].queued {
+		return // the queues grew: some of what entered them was not read
+	}
+	var dt int64
+	var served uint64
+	for i, d := range recent {
+		if !d.busy || !d.close {
+			return
+		}
+		if i > 0 {
+			dt += d.dt
+			served += d.served
+		}
+	}
+	if dt <= 0 {
+		return
+	}
+	if rate := float64(served) / (float64(dt) / 1e9); rate > c.capacity {
+		c.capacity = rate
+		c.measured = max(c.measured, c.capacity)
+	}
 }
 
 // lower takes the drain rate over the last capacityQuick samples during an overload

@@ -636,3 +636,26 @@ func TestCapacitySimSlower(t *testing.T) {
 		t.Errorf("light /24s answered %.4f once the capacity followed, want >= 0.99", got)
 	}
 }
+
+// TestCapacitySimSlowStart: the server is slow while the first measurement is taken
+// (another process has its processor for the flood's first 200 ms), so the capacity
+// first comes out low. Its queue, still full from the start while the limits take
+// hold, shows the server reading faster, and the capacity rises to it: from 2 s into
+// the flood it answers at least 85% of C, without overflowing.
+func TestCapacitySimSlowStart(t *testing.T) {
+	light, names := lightNets(0)
+	srv := simServer{capacity: simC, queueLen: 256, dipFrom: time.Second, dipTo: 1200 * time.Millisecond, dipShare: 0.6}
+	res := srv.run(t, 7*time.Second, append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
+	t.Logf("served per second %v, lost %v, capacity at the end %.0f", res.served1s, res.overflow, res.ctrl.capacity)
+	for s := 3; s < 7; s++ {
+		if float64(res.served1s[s]) < 0.85*simC {
+			t.Errorf("second %d: served %d, want >= 85%% of C (%d)", s, res.served1s[s], simC)
+		}
+		if res.overflow[s] != 0 {
+			t.Errorf("second %d: %d lost to the full queue", s, res.overflow[s])
+		}
+	}
+	if got := float64(sumOver(res.served, names, 2, 7)) / float64(sumOver(res.sent, names, 2, 7)); got < 0.99 {
+		t.Errorf("light /24s answered %.4f, want >= 0.99", got)
+	}
+}
