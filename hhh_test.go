@@ -930,7 +930,7 @@ func TestLimiterStatsWhileJudging(t *testing.T) {
 			var done atomic.Bool
 			for w := range 2 {
 				wg.Go(func() {
-					for i := range 50_000 {
+					for i := range 20_000 {
 						l.Allow(netip.AddrPortFrom(v4(198, 51, 100, w), uint16(i)))
 					}
 				})
