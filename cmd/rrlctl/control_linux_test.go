@@ -45,6 +45,53 @@ func waitFor(d time.Duration, cond func() bool) bool {
 	return cond()
 }
 
+// controlRun is an `rrlctl control` running in this test's process.
+type controlRun struct {
+	out, errOut testutil.SyncBuffer
+	code        chan int // its exit code, when it returns
+}
+
+// startControl runs `rrlctl args...` (a control command) in a goroutine.
+func startControl(args ...string) *controlRun {
+	c := &controlRun{code: make(chan int, 1)}
+	go func() { c.code <- run(args, &c.out, &c.errOut) }()
+	return c
+}
+
+// started fails t unless control says within d that it is controlling.
+func (c *controlRun) started(t *testing.T, d time.Duration) {
+	t.Helper()
+	if !waitFor(d, func() bool { return strings.Contains(c.out.String(), "controlling") }) {
+		t.Fatalf("control did not start: %s", c.output())
+	}
+}
+
+// exit returns control's exit code, failing t when it has not returned within d;
+// why says what should have made it return.
+func (c *controlRun) exit(t *testing.T, d time.Duration, why string) int {
+	t.Helper()
+	select {
+	case code := <-c.code:
+		return code
+	case <-time.After(d):
+		t.Fatalf("control did not stop %s", why)
+		return 0
+	}
+}
+
+// stop sends this process SIGTERM, as an operator stops control, and returns its
+// exit code.
+func (c *controlRun) stop(t *testing.T) int {
+	t.Helper()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	return c.exit(t, 5*time.Second, "on SIGTERM")
+}
+
+// output is what control wrote to its standard output and error.
+func (c *controlRun) output() string { return c.out.String() + c.errOut.String() }
+
 // TestControl runs rrlctl control on a pinned filter attached to a real socket of
 // this process, whose reader takes 500 queries per second, floods it from many
 // loopback sources at about 5,000 per second, and checks that the controller finds
@@ -92,12 +139,8 @@ func TestControl(t *testing.T) {
 			if tc.sockets {
 				args = append(args, "-pid", strconv.Itoa(os.Getpid()), "-listen", dst.String())
 			}
-			var out, errOut testutil.SyncBuffer
-			code := make(chan int, 1)
-			go func() { code <- run(args, &out, &errOut) }()
-			if !waitFor(5*time.Second, func() bool { return strings.Contains(out.String(), "controlling") }) {
-				t.Fatalf("control did not start: %s%s", out.String(), errOut.String())
-			}
+			ctl := startControl(args...)
+			ctl.started(t, 5*time.Second)
 			lifted := func() bool { return mapsEqual(nodeLimits(t, f), static) }
 			var capst *rrl.CapacityStats
 			read := func() *rrl.CapacityStats {
@@ -125,7 +168,7 @@ func TestControl(t *testing.T) {
 					return false
 				}
 				if !waitFor(4*time.Second, func() bool { capst = read(); return capst.Overloaded && capst.Level > 0 && levelled() }) {
-					t.Fatalf("no water level in force after 4 s of flood: capacity %+v, limits %v (static %v)\n%s%s", capst, nodeLimits(t, f), static, out.String(), errOut.String())
+					t.Fatalf("no water level in force after 4 s of flood: capacity %+v, limits %v (static %v)\n%s", capst, nodeLimits(t, f), static, ctl.output())
 				}
 				if capst.Problem != "" || capst.Capacity <= 0 || math.IsInf(capst.Capacity, 0) {
 					t.Errorf("capacity under overload: %+v", capst)
@@ -133,8 +176,8 @@ func TestControl(t *testing.T) {
 				if c, so, _ := rrlctl("stats", "-pin", pin); c != exitOK || !strings.Contains(so, "overloaded") {
 					t.Errorf("stats during the overload: exit %d:\n%s", c, so)
 				}
-				if !waitFor(time.Second, func() bool { return strings.Contains(out.String(), "overload:") }) {
-					t.Errorf("control printed no overload: %s", out.String())
+				if !waitFor(time.Second, func() bool { return strings.Contains(ctl.out.String(), "overload:") }) {
+					t.Errorf("control printed no overload: %s", ctl.out.String())
 				}
 				// rrlctl set writes the settings without the level: the controller
 				// follows the new configuration and writes its level again, without
@@ -172,16 +215,8 @@ func TestControl(t *testing.T) {
 				t.Errorf("second control: exit %d: %s", c, e)
 			}
 
-			if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case c := <-code:
-				if c != exitOK || !strings.Contains(out.String(), "stopped: the water level is lifted") {
-					t.Errorf("control after SIGTERM: exit %d: %s%s", c, out.String(), errOut.String())
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("control did not stop on SIGTERM")
+			if c := ctl.stop(t); c != exitOK || !strings.Contains(ctl.out.String(), "stopped: the water level is lifted") {
+				t.Errorf("control after SIGTERM: exit %d: %s", c, ctl.output())
 			}
 			// The flood goes on, and the static limits are back.
 			if !lifted() {
@@ -408,25 +443,13 @@ func TestControlKilled(t *testing.T) {
 	}
 
 	// The next controller lifts it as it starts (the flood is over, so no new one).
-	var out, errOut testutil.SyncBuffer
-	code := make(chan int, 1)
-	go func() {
-		code <- run([]string{"control", "-pin", pin, "-pid", strconv.Itoa(os.Getpid()), "-listen", dst.String()}, &out, &errOut)
-	}()
+	next := startControl("control", "-pin", pin, "-pid", strconv.Itoa(os.Getpid()), "-listen", dst.String())
 	if !waitFor(2*time.Second, func() bool { return !levelled(t, f, static) }) {
-		t.Errorf("the next control left the level in force: %v\n%s%s", nodeLimits(t, f), out.String(), errOut.String())
+		t.Errorf("the next control left the level in force: %v\n%s", nodeLimits(t, f), next.output())
 	}
-	if !waitFor(2*time.Second, func() bool { return strings.Contains(out.String(), "controlling") }) {
-		t.Fatalf("control did not start: %s%s", out.String(), errOut.String())
-	}
-	syscall.Kill(os.Getpid(), syscall.SIGTERM)
-	select {
-	case c := <-code:
-		if c != exitOK {
-			t.Errorf("control after SIGTERM: exit %d: %s%s", c, out.String(), errOut.String())
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("control did not stop on SIGTERM")
+	next.started(t, 2*time.Second)
+	if c := next.stop(t); c != exitOK {
+		t.Errorf("control after SIGTERM: exit %d: %s", c, next.output())
 	}
 }
 
@@ -439,23 +462,12 @@ func TestControlTargetExits(t *testing.T) {
 	}
 	stdin, closeStdin := io.Pipe()
 	srv, _, addr := servePinnedChild(t, pin, stdin)
-	var out, errOut testutil.SyncBuffer
-	code := make(chan int, 1)
-	go func() {
-		code <- run([]string{"control", "-pin", pin, "-pid", strconv.Itoa(srv.Process.Pid), "-listen", addr.String()}, &out, &errOut)
-	}()
-	if !waitFor(5*time.Second, func() bool { return strings.Contains(out.String(), "controlling") }) {
-		t.Fatalf("control did not start: %s%s", out.String(), errOut.String())
-	}
+	ctl := startControl("control", "-pin", pin, "-pid", strconv.Itoa(srv.Process.Pid), "-listen", addr.String())
+	ctl.started(t, 5*time.Second)
 	closeStdin.Close() // the server exits
 	srv.Wait()
-	select {
-	case c := <-code:
-		if c != exitError || !strings.Contains(errOut.String(), fmt.Sprintf("process %d exited", srv.Process.Pid)) {
-			t.Errorf("control after its server exited: exit %d: %s%s", c, out.String(), errOut.String())
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("control did not stop when its server exited")
+	if c := ctl.exit(t, 5*time.Second, "when its server exited"); c != exitError || !strings.Contains(ctl.errOut.String(), fmt.Sprintf("process %d exited", srv.Process.Pid)) {
+		t.Errorf("control after its server exited: exit %d: %s", c, ctl.output())
 	}
 	// Its copies are closed: the port is free again.
 	if c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr)); err != nil {
@@ -486,41 +498,29 @@ func TestControlSocketsChange(t *testing.T) {
 	stdin, input := io.Pipe()
 	defer input.Close()
 	srv, srvOut, addr := servePinnedChild(t, pin, stdin)
-	var out, errOut testutil.SyncBuffer
-	code := make(chan int, 1)
-	go func() {
-		code <- run([]string{"control", "-pin", pin, "-pid", strconv.Itoa(srv.Process.Pid), "-listen", addr.String(), "-interval", "20ms"}, &out, &errOut)
-	}()
-	if !waitFor(5*time.Second, func() bool { return strings.Contains(out.String(), "controlling") }) {
-		t.Fatalf("control did not start: %s%s", out.String(), errOut.String())
-	}
+	ctl := startControl("control", "-pin", pin, "-pid", strconv.Itoa(srv.Process.Pid), "-listen", addr.String(), "-interval", "20ms")
+	ctl.started(t, 5*time.Second)
 	fmt.Fprintln(input, "reopen")
 	if !waitFor(3*time.Second, func() bool {
 		return strings.Contains(srvOut.String(), "reopened") || strings.Contains(srvOut.String(), "failed")
 	}) ||
 		!strings.Contains(srvOut.String(), "reopened "+addr.String()) {
-		t.Fatalf("the server could not bind its address again: %s\ncontrol: %s%s", srvOut.String(), out.String(), errOut.String())
+		t.Fatalf("the server could not bind its address again: %s\ncontrol: %s", srvOut.String(), ctl.output())
 	}
 	// The new socket has no filter yet: reported, not sampled, and taken once the
 	// server attaches the filter.
 	bare := fmt.Sprintf("the sockets of process %d changed: now no socket", srv.Process.Pid)
 	if !waitFor(3*time.Second, func() bool {
-		return strings.Contains(out.String(), bare) && strings.Contains(errOut.String(), "no eBPF filter")
+		return strings.Contains(ctl.out.String(), bare) && strings.Contains(ctl.errOut.String(), "no eBPF filter")
 	}) {
-		t.Errorf("control did not report the new socket without the filter: %s%s", out.String(), errOut.String())
+		t.Errorf("control did not report the new socket without the filter: %s", ctl.output())
 	}
 	fmt.Fprintln(input, "attach")
 	want := fmt.Sprintf("the sockets of process %d changed: now 1 socket(s)", srv.Process.Pid)
-	if !waitFor(3*time.Second, func() bool { return strings.Contains(out.String(), want) }) {
-		t.Errorf("control did not take the new socket: %s%s\nserver: %s", out.String(), errOut.String(), srvOut.String())
+	if !waitFor(3*time.Second, func() bool { return strings.Contains(ctl.out.String(), want) }) {
+		t.Errorf("control did not take the new socket: %s\nserver: %s", ctl.output(), srvOut.String())
 	}
-	syscall.Kill(os.Getpid(), syscall.SIGTERM)
-	select {
-	case c := <-code:
-		if c != exitOK {
-			t.Errorf("control after SIGTERM: exit %d: %s%s", c, out.String(), errOut.String())
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("control did not stop on SIGTERM")
+	if c := ctl.stop(t); c != exitOK {
+		t.Errorf("control after SIGTERM: exit %d: %s", c, ctl.output())
 	}
 }
