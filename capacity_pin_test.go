@@ -24,12 +24,7 @@ func TestPinnedCapacityCellsBatch(t *testing.T) {
 	e := newPinEnv(t)
 	dir := filepath.Join(e.mnt, "rrl")
 	loadPinnedForTest(t, dir, "500", -1, -1)
-	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
-	f, err := AttachPinned(srv.conn, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	srv, f := attachPinnedServer(t, dir)
 	raw := newRawSender(t, srv.addr)
 	for i := range 20 {
 		sendQueries(t, f, raw, netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 6, 7, byte(1 + i)}), 40000), srv.addr, 10)
@@ -88,12 +83,7 @@ func TestPinnedRunCapacity(t *testing.T) {
 			if err := LoadPinned(cfg, dir, -1, -1); err != nil {
 				t.Fatal(err)
 			}
-			srv := newUDPServer(t, "udp4", "127.0.0.1:0")
-			f, err := AttachPinned(srv.conn, dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
+			srv, f := attachPinnedServer(t, dir)
 			limits := func() (low float64) {
 				st, err := f.Stats()
 				if err != nil {

@@ -324,6 +324,19 @@ func flood(t *testing.T, dst netip.AddrPort, dur time.Duration, servers ...*chil
 	}
 }
 
+// attachPinnedServer attaches the filter pinned in dir to a new UDP server on
+// loopback; the Filter is closed when t ends.
+func attachPinnedServer(t *testing.T, dir string) (*udpServer, *Filter) {
+	t.Helper()
+	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+	f, err := AttachPinned(srv.conn, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return srv, f
+}
+
 func loadPinnedForTest(t *testing.T, dir, rps string, uid, gid int) {
 	t.Helper()
 	cfg := NewConfig()
@@ -1297,12 +1310,7 @@ func TestPinnedSketchReadBack(t *testing.T) {
 	e := newPinEnv(t)
 	dir := filepath.Join(e.mnt, "rrl")
 	loadPinnedForTest(t, dir, "500", -1, -1)
-	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
-	f, err := AttachPinned(srv.conn, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	srv, f := attachPinnedServer(t, dir)
 	const rate = 4000
 	raw := newRawSender(t, srv.addr)
 	// The flood goes on while the sketches are read (slowly under -race), so that

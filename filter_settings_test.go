@@ -377,12 +377,7 @@ func TestPinnedStatsFollowUpdate(t *testing.T) {
 	dir := e.mnt + "/rrl"
 	loadPinnedForTest(t, dir, "20", -1, -1)
 	t.Cleanup(func() { Unpin(dir) })
-	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
-	server, err := AttachPinned(srv.conn, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
+	srv, server := attachPinnedServer(t, dir)
 	tool, err := OpenPinned(dir)
 	if err != nil {
 		t.Fatal(err)
