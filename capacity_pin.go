@@ -145,18 +145,18 @@ func (p *pinState) readCapacity() (pc pinnedCapacity, ok bool, err error) {
 // pinnedCapacityStats is FilterStats.Capacity of a pinned filter whose controller
 // runs in another process, or nowhere. f.mu is held.
 func (f *Filter) pinnedCapacityStats() *CapacityStats {
-	idle := &CapacityStats{Auto: f.cfg.capacity < 0, Capacity: max(f.cfg.capacity, 0)}
+	idle := idleCapacityStats(f.cfg)
 	pc, ok, err := f.pin.readCapacity()
 	switch {
 	case err != nil:
 		idle.Problem = err.Error()
-		return idle
+		return &idle
 	case f.pin.capacity == nil:
 		idle.Problem = fmt.Sprintf("rrl: capacity: the pins in %s were made before the controller's status pin (%s): its state cannot be read; load them again", f.pin.dir, pinCapacity)
-		return idle
+		return &idle
 	case !ok || pc.state == capStatusStopped:
 		idle.Problem = fmt.Sprintf("rrl: capacity: no controller runs for the pins in %s (rrlctl control runs one): the static limits are in force", f.pin.dir)
-		return idle
+		return &idle
 	}
 	age := time.Duration(monotonicNow() - pc.heartbeat)
 	switch pinDirLocked(f.pin.dir) {
@@ -179,10 +179,10 @@ func (f *Filter) pinnedCapacityStats() *CapacityStats {
 		idle.Level, idle.Overloaded = level, true
 		idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago without lifting its water level %.4g: it stays in force until a controller starts (rrlctl control) or the configuration is written again (rrlctl set)",
 			f.pin.dir, pc.pid, age.Round(time.Second), level)
-		return idle
+		return &idle
 	}
 	idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago; no controller runs: the static limits are in force", f.pin.dir, pc.pid, age.Round(time.Second))
-	return idle
+	return &idle
 }
 
 // levelLeft returns the water level in force in the settings the kernel runs, read
@@ -377,7 +377,7 @@ func (f *Filter) liftPinnedLevel() error {
 			err = fmt.Errorf("rrl: capacity: lift the water level: %w", err)
 		}
 	}
-	st := CapacityStats{Auto: f.cfg.capacity < 0, Capacity: max(f.cfg.capacity, 0)}
+	st := idleCapacityStats(f.cfg)
 	if err != nil {
 		st.Problem = err.Error()
 	}

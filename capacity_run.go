@@ -57,9 +57,15 @@ type capacityRun struct {
 func startCapacity(cfg *Config, src capacitySource, clock func() int64) *capacityRun {
 	r := &capacityRun{stop: make(chan struct{}), done: make(chan struct{}), cfg: cfg}
 	r.events.perSec = cfg.eventsPerSec()
-	r.status = CapacityStats{Auto: cfg.capacity < 0, Capacity: max(cfg.capacity, 0)}
+	r.status = idleCapacityStats(cfg)
 	go r.run(src, clock)
 	return r
+}
+
+// idleCapacityStats is the status of cfg's capacity mode before any sample: auto
+// or the configured capacity, nothing measured, no overload.
+func idleCapacityStats(cfg *Config) CapacityStats {
+	return CapacityStats{Auto: cfg.capacity < 0, Capacity: max(cfg.capacity, 0)}
 }
 
 // stopAndWait ends the controller and waits for it; the limits it set stay.
