@@ -228,50 +228,11 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 	if f == nil {
 		return ErrClosed
 	}
-	f.mu.Lock()
-	switch {
-	case f.mode != ModeEBPF || f.objs == nil:
-		f.mu.Unlock()
-		return ErrClosed
-	case f.pin == nil:
-		f.mu.Unlock()
-		return errors.New("rrl: run capacity controller: not a pinned filter (a Filter this process loaded runs its own)")
-	case f.capacity.run != nil:
-		f.mu.Unlock()
-		return errors.New("rrl: run capacity controller: it runs already for this Filter")
-	}
-	if err := f.pin.checkWritable(); err != nil {
-		f.mu.Unlock()
-		return err
-	}
-	lock, err := lockPinDir(f.pin)
+	r, k, lock, err := f.startPinnedCapacity(conns)
 	if err != nil {
-		f.mu.Unlock()
 		return err
 	}
 	defer lock.Close() // releases the flock, after the level is lifted
-	// A level a controller that died left behind goes now, with the stored Config.
-	f.refreshPinnedConfig()
-	f.capacity.level = 0
-	if err := f.writeSettings(f.cfg); err != nil {
-		f.mu.Unlock()
-		return fmt.Errorf("rrl: run capacity controller: %w", err)
-	}
-	k := &kernelCapacity{f: f, watched: conns, pinned: true}
-	// The cells are read through a memory map, which needs a descriptor opened for
-	// writing: root's; others read them by batches.
-	if m, err := openCellsRW(filepath.Join(f.pin.dir, pinCells)); err == nil {
-		k.cellsRW = m
-	}
-	k.gen = f.settingsGeneration()
-	r := startCapacity(f.cfg, k, monotonicNow)
-	k.run = r
-	f.capacity.run = r
-	// Published at once, so that no earlier controller's record (a dead one's)
-	// is read as this one's before its first sample.
-	f.capacity.published = true
-	f.pin.publishCapacity(pinnedCapacity{pid: uint32(os.Getpid()), state: capStatusRunning, heartbeat: monotonicNow(), stats: *r.stats()})
-	f.mu.Unlock()
 
 	select {
 	case <-ctx.Done():
@@ -287,6 +248,51 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.liftPinnedLevel()
+}
+
+// startPinnedCapacity is RunCapacity's start: it takes the pin directory's lock
+// (returned, for the caller to release), lifts a level a dead controller left, and
+// starts the controller over conns.
+func (f *Filter) startPinnedCapacity(conns []syscall.Conn) (*capacityRun, *kernelCapacity, *os.File, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.mode != ModeEBPF || f.objs == nil:
+		return nil, nil, nil, ErrClosed
+	case f.pin == nil:
+		return nil, nil, nil, errors.New("rrl: run capacity controller: not a pinned filter (a Filter this process loaded runs its own)")
+	case f.capacity.run != nil:
+		return nil, nil, nil, errors.New("rrl: run capacity controller: it runs already for this Filter")
+	}
+	if err := f.pin.checkWritable(); err != nil {
+		return nil, nil, nil, err
+	}
+	lock, err := lockPinDir(f.pin)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// A level a controller that died left behind goes now, with the stored Config.
+	f.refreshPinnedConfig()
+	f.capacity.level = 0
+	if err := f.writeSettings(f.cfg); err != nil {
+		lock.Close()
+		return nil, nil, nil, fmt.Errorf("rrl: run capacity controller: %w", err)
+	}
+	k := &kernelCapacity{f: f, watched: conns, pinned: true}
+	// The cells are read through a memory map, which needs a descriptor opened for
+	// writing: root's; others read them by batches.
+	if m, err := openCellsRW(filepath.Join(f.pin.dir, pinCells)); err == nil {
+		k.cellsRW = m
+	}
+	k.gen = f.settingsGeneration()
+	r := startCapacity(f.cfg, k, monotonicNow)
+	k.run = r
+	f.capacity.run = r
+	// Published at once, so that no earlier controller's record (a dead one's)
+	// is read as this one's before its first sample.
+	f.capacity.published = true
+	f.pin.publishCapacity(pinnedCapacity{pid: uint32(os.Getpid()), state: capStatusRunning, heartbeat: monotonicNow(), stats: *r.stats()})
+	return r, k, lock, nil
 }
 
 // Whether a controller holds the lock of a pin directory (pinDirLocked).
