@@ -161,15 +161,9 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 		socks = append(socks, queueSocket{key: watchedKey(i), conn: c})
 	}
 	in := k.queues.read(socks)
-	var perCPU []filterCounters
-	if err := f.objs.Counters.Lookup(uint32(0), &perCPU); err != nil {
+	sum, err := sumCounters(f.objs.Counters)
+	if err != nil {
 		return capacityInput{}, fmt.Errorf("rrl: capacity: read the filter's counters: %w", err)
-	}
-	var sum [counterMax]uint64
-	for _, c := range perCPU {
-		for i, v := range c.Value {
-			sum[i] += v
-		}
 	}
 	var limited uint64
 	for _, v := range sum[counterLimited0 : counterLimited0+numLimited] {

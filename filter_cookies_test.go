@@ -116,15 +116,9 @@ func (r *cookieRig) setKeys(c *Cookies, wall time.Time) {
 
 func (r *cookieRig) counters() [counterMax]uint64 {
 	r.t.Helper()
-	var perCPU []filterCounters
-	if err := r.objs.Counters.Lookup(uint32(0), &perCPU); err != nil {
+	sum, err := sumCounters(r.objs.Counters)
+	if err != nil {
 		r.t.Fatal(err)
-	}
-	var sum [counterMax]uint64
-	for _, c := range perCPU {
-		for i, v := range c.Value {
-			sum[i] += v
-		}
 	}
 	return sum
 }

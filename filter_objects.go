@@ -155,3 +155,19 @@ func limitedNode(i uint32) LimiterNode {
 	}
 	return NodeTotal
 }
+
+// sumCounters reads the program's per-CPU counters (rrl_counters) and returns their
+// sums over CPUs, indexed by the counter* constants.
+func sumCounters(counters *ebpf.Map) ([counterMax]uint64, error) {
+	var sum [counterMax]uint64
+	var perCPU []filterCounters
+	if err := counters.Lookup(uint32(0), &perCPU); err != nil {
+		return sum, err
+	}
+	for _, c := range perCPU {
+		for i, v := range c.Value {
+			sum[i] += v
+		}
+	}
+	return sum, nil
+}

@@ -18,15 +18,9 @@ func (f *Filter) Stats() (FilterStats, error) {
 	if f.mode != ModeEBPF {
 		return st, nil
 	}
-	var perCPU []filterCounters
-	if err := f.objs.Counters.Lookup(uint32(0), &perCPU); err != nil {
+	sum, err := sumCounters(f.objs.Counters)
+	if err != nil {
 		return st, fmt.Errorf("rrl: read counters: %w", err)
-	}
-	var sum [len(filterCounters{}.Value)]uint64
-	for _, c := range perCPU {
-		for i, v := range c.Value {
-			sum[i] += v
-		}
 	}
 	st.Seen, st.Passed, st.NotDNS = sum[counterSeen], sum[counterPassed], sum[counterNotDNS]
 	st.DroppedShort, st.DroppedResponse, st.DroppedReflection = sum[counterDropShort], sum[counterDropResponse], sum[counterDropReflection]
