@@ -21,12 +21,12 @@ type limiterCapacity struct {
 
 func (g *limiterCapacity) sample(now int64) (capacityInput, error) {
 	in := g.queues.read(g.conns())
-	st := g.l.Stats()
-	judged := st.Seen - st.Exempt
+	c := g.l.counts()
+	judged := c.judged[0] + c.judged[1]
 	in.Now = now
 	in.Overflow = g.queues.account(0)
-	in.Admitted = subFloor(st.Passed, st.Exempt+st.ReportOnly)
-	in.fixed = st.Exempt
+	in.Admitted = subFloor(judged, c.refused)
+	in.fixed = c.exempt
 	in.Served = in.Admitted + in.fixed
 	in.Demand = judged + in.fixed + in.Overflow
 	return in, nil

@@ -374,28 +374,11 @@ func maskIPv6(hi, lo uint64, bits int) (uint64, uint64) {
 // node's count includes what the level previously at its position limited.
 func (l *Limiter) Stats() FilterStats {
 	p := l.params.Load()
-	var s FilterStats
-	var judged [2]uint64
-	var limited [numNodes]uint64
-	var refused uint64
-	for i := range l.stats {
-		sh := &l.stats[i]
-		// A packet counts in judged (or exempt) before limited, and in limited
-		// before report: read in the other order, no count runs ahead of the one
-		// it is part of while packets are being judged.
-		s.ReportOnly += sh.report.Load()
-		for n := range limited {
-			c := sh.limited[n].Load()
-			limited[n] += c
-			refused += c
-		}
-		s.CookiePassed += sh.proven.Load()
-		s.Exempt += sh.exempt.Load()
-		judged[0] += sh.judged[0].Load()
-		judged[1] += sh.judged[1].Load()
-	}
+	c := l.counts()
+	judged, limited := c.judged, c.limited
+	s := FilterStats{Exempt: c.exempt, CookiePassed: c.proven, ReportOnly: c.report}
 	s.Seen = judged[0] + judged[1] + s.Exempt
-	s.Passed = s.Seen - refused + s.ReportOnly
+	s.Passed = s.Seen - c.refused + s.ReportOnly
 	add := func(n int, packets uint64) {
 		s.Nodes = append(s.Nodes, NodeStats{p.name[n], p.limit[n].Float64(), packets, limited[n]})
 	}
@@ -413,6 +396,36 @@ func (l *Limiter) Stats() FilterStats {
 	}
 	s.Capacity = l.capacity.Load().stats() // capacity_go.go
 	return s
+}
+
+// limiterCounts are a Limiter's counters summed over its shards.
+type limiterCounts struct {
+	judged                 [2]uint64 // IPv4, IPv6
+	exempt, proven, report uint64
+	limited                [numNodes]uint64
+	refused                uint64 // the sum of limited
+}
+
+// counts sums the Limiter's counters.
+func (l *Limiter) counts() limiterCounts {
+	var c limiterCounts
+	for i := range l.stats {
+		sh := &l.stats[i]
+		// A packet counts in judged (or exempt) before limited, and in limited
+		// before report: read in the other order, no count runs ahead of the one
+		// it is part of while packets are being judged.
+		c.report += sh.report.Load()
+		for n := range c.limited {
+			v := sh.limited[n].Load()
+			c.limited[n] += v
+			c.refused += v
+		}
+		c.proven += sh.proven.Load()
+		c.exempt += sh.exempt.Load()
+		c.judged[0] += sh.judged[0].Load()
+		c.judged[1] += sh.judged[1].Load()
+	}
+	return c
 }
 
 // groupNode describes node n of p for a limiting event.
