@@ -534,12 +534,19 @@ func (c *capacityController) drainRate(n int, all bool) (float64, bool) {
 	if recent[0].overflow == 0 || recent[n-1].overflow == 0 {
 		return 0, false
 	}
-	var dt int64
-	var served uint64
 	for _, d := range recent {
 		if !d.busy || all && d.overflow == 0 || !d.close {
 			return 0, false
 		}
+	}
+	return servedRate(recent)
+}
+
+// servedRate returns what the server read per second over samples.
+func servedRate(samples []capacitySampleDelta) (float64, bool) {
+	var dt int64
+	var served uint64
+	for _, d := range samples {
 		dt += d.dt
 		served += d.served
 	}
@@ -593,21 +600,12 @@ func (c *capacityController) raiseBusy(n int) {
 	if recent[n].queued > recent[0].queued {
 		return // the queues grew: some of what entered them was not read
 	}
-	var dt int64
-	var served uint64
-	for i, d := range recent {
+	for _, d := range recent {
 		if !d.busy || !d.close {
 			return
 		}
-		if i > 0 {
-			dt += d.dt
-			served += d.served
-		}
 	}
-	if dt <= 0 {
-		return
-	}
-	if rate := float64(served) / (float64(dt) / 1e9); rate > c.capacity {
+	if rate, ok := servedRate(recent[1:]); ok && rate > c.capacity {
 		c.capacity = rate
 		c.measured = max(c.measured, c.capacity)
 	}
