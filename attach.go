@@ -5,42 +5,11 @@ package rrl
 import (
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"syscall"
 
 	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/sys/unix"
 )
-
-// Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
-// limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
-// (ModeClassic). Every socket attached through one Filter shares its limits and
-// sketches, so the sockets of a SO_REUSEPORT group hold one limit together.
-//
-// Its maps take about 1.3 MiB of kernel memory whatever the traffic: the sketches
-// (768 KiB), the settings (three entries of 8.3 KiB, mostly the reflection-port
-// bitmap: a header and two slots, see filter_settings.go), the limited groups (an LRU hash
-// of 4096 entries, about 510 KiB preallocated, see LimitedGroups), per-CPU counters
-// (1.4 KiB per CPU) and two small exempt-prefix tries.
-//
-// With the Config keyword capacity on, a Filter this process loaded (not one opened
-// from pins) runs the capacity controller in a goroutine of its own until Close
-// (see Config and CapacityStats); a pinned filter gets its one controller from the
-// process that calls RunCapacity (rrlctl control).
-//
-// A Filter is safe for concurrent use.
-type Filter struct {
-	mu       sync.Mutex
-	mode     FilterMode
-	cfg      *Config
-	seed     uint64
-	objs     *kernelObjects
-	sockets  []*attachedSocket // sockets attached, checked against socketOwners
-	pin      *pinState         // opened from pins (filter_pin.go): Close leaves the pins in place
-	cookies  *kernelCookies    // the secrets of UseCookies (filter_cookies.go)
-	capacity filterCapacity    // the capacity controller (capacity_linux.go)
-}
 
 // Attach protects conn, a UDP socket (*net.UDPConn, or anything with SyscallConn),
 // with the eBPF filter configured by cfg (nil means NewConfig()).
@@ -273,7 +242,7 @@ func (f *Filter) close(detach bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
-	if err := f.liftPinnedLevel(); err != nil { // capacity_pin.go
+	if err := f.liftPinnedLevel(); err != nil { // capacity_linux.go
 		errs = append(errs, err)
 	}
 	f.cookies.stop()
@@ -326,84 +295,6 @@ func applyClassic(conn syscall.Conn, cfg *Config) error {
 	return attachClassic(conn, cfg)
 }
 
-// writeSettings makes cfg the configuration the kernel runs (filter_settings.go): it checks
-// everything first, and leaves the previous configuration in force on any error.
-func (f *Filter) writeSettings(cfg *Config) error {
-	cfg = f.capacityConfig(cfg) // capacity_linux.go: the water level in force
-	if err := checkKernelConfig(cfg); err != nil {
-		return err
-	}
-	var beforeFlip func(slot uint8) error
-	if f.pin != nil {
-		if err := f.pin.checkWritable(); err != nil {
-			return err
-		}
-		text, err := configValue(cfg, f.pin.flags)
-		if err != nil {
-			return err
-		}
-		// The Config text has a slot of its own next to each settings slot.
-		beforeFlip = func(slot uint8) error { return f.pin.saveConfig(slot, text) }
-	}
-	return f.objs.settingsMaps().apply(cfg, f.seed, beforeFlip)
-}
-
-// socketOwners is which Filter of this process attached each socket last (see
-// attach_sockets.go).
-var socketOwners = struct {
-	sync.Mutex
-	m map[socketID]*Filter
-}{m: map[socketID]*Filter{}}
-
-// own records that f attached the socket last, through conn: from now on f reaches
-// the socket through conn first, whichever descriptor it knew before.
-func (f *Filter) own(conn syscall.Conn, id socketID) {
-	socketOwners.Lock()
-	socketOwners.m[id] = f
-	socketOwners.Unlock()
-	local := localAddr(conn)
-	for _, s := range f.sockets {
-		if s.id == id {
-			s.conn, s.local = conn, local
-			return
-		}
-	}
-	f.sockets = append(f.sockets, &attachedSocket{conn: conn, id: id, local: local})
-}
-
-// owns reports whether f is still the last Filter that attached s.
-func (f *Filter) owns(s *attachedSocket) bool {
-	socketOwners.Lock()
-	defer socketOwners.Unlock()
-	return socketOwners.m[s.id] == f
-}
-
-// disown forgets f's claim on s, leaving a later owner's in place.
-func (f *Filter) disown(s *attachedSocket) {
-	socketOwners.Lock()
-	if socketOwners.m[s.id] == f {
-		delete(socketOwners.m, s.id)
-	}
-	socketOwners.Unlock()
-}
-
-// forget drops s, a socket that is gone, from f.
-func (f *Filter) forget(s *attachedSocket) {
-	f.disown(s)
-	f.sockets = slices.DeleteFunc(f.sockets, func(o *attachedSocket) bool { return o == s })
-}
-
-// ownedSockets returns the sockets f still owns.
-func (f *Filter) ownedSockets() []*attachedSocket {
-	var out []*attachedSocket
-	for _, s := range f.sockets {
-		if f.owns(s) {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
 // Config returns a copy of the Config the filter runs with. For a pinned filter it is
 // read from the pins, stored next to the settings the kernel runs, so it includes
 // changes other processes made (rrlctl set).
@@ -417,12 +308,4 @@ func (f *Filter) Config() *Config {
 		f.refreshPinnedConfig()
 	}
 	return f.cfg.clone()
-}
-
-// pinPath returns the pin directory a filter was opened from ("" when it was not).
-func (f *Filter) pinPath() string {
-	if f == nil || f.pin == nil {
-		return ""
-	}
-	return f.pin.dir
 }

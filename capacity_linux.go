@@ -3,15 +3,17 @@
 package rrl
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"os"
+	"path/filepath"
 	"syscall"
-	"unsafe"
+	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/dnsrake/rrl/internal/sockopt"
-	"golang.org/x/sys/unix"
 )
 
 // The kernel filter's capacity controller. A Filter whose Config has capacity on runs
@@ -19,47 +21,29 @@ import (
 // turns it on, until Close. It reads the receive queues of the sockets the Filter
 // owns with SO_MEMINFO, the program's counters, and the sketches through a read-only
 // memory map of rrl_cells (no system call per cell), and writes the water level as
-// every adjusted step's limit through the settings slots (settings.go): each new
+// every adjusted step's limit through the settings slots (filter_settings.go): each new
 // level is one slot flip, so every packet is judged wholly by one level or the next
 // and the program reads nothing more per packet.
-
-// readSocketQueue returns the bytes in conn's receive queue, the queue's size and the
-// socket's drop counter.
-func readSocketQueue(conn syscall.Conn) (queued, size, drops uint32, err error) {
-	err = sockopt.Control(conn, func(fd int) error {
-		var info [unix.SK_MEMINFO_VARS]uint32
-		n := uint32(unsafe.Sizeof(info))
-		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_MEMINFO,
-			uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&n)), 0)
-		if e != 0 {
-			return e
-		}
-		// SK_MEMINFO_DROPS counts both the queue's overflows and the filter's drops.
-		queued, size, drops = info[unix.SK_MEMINFO_RMEM_ALLOC], info[unix.SK_MEMINFO_RCVBUF], info[unix.SK_MEMINFO_DROPS]
-		return nil
-	})
-	return queued, size, drops, err
-}
-
-// filterCapacity is a Filter's capacity state, guarded by Filter.mu.
-type filterCapacity struct {
-	run   *capacityRun
-	level float64 // the water level in the kernel's settings; 0: none
-	// published: a pinned filter's controller (RunCapacity, capacity_pin.go) has
-	// published its status in the pins, and must publish that it stopped.
-	published bool
-}
-
-// capacityConfig returns the Config to write to the kernel for cfg: cfg itself, or a
-// copy carrying the water level in force.
-func (f *Filter) capacityConfig(cfg *Config) *Config {
-	if cfg.capacity == 0 || f.capacity.level <= 0 {
-		return cfg
-	}
-	c := cfg.clone()
-	c.capLevel = f.capacity.level
-	return c
-}
+//
+// A pinned filter is shared by every process that attached its pins, so it gets one
+// controller for all of them, from the one process that calls RunCapacity (rrlctl
+// control, or a server that attached the pins and calls it itself), over the sockets
+// it is given: copies of a running server's sockets (pidfd_getfd), or the caller's
+// own. Its status record and the pin directory's lock are in capacity_pin.go.
+//
+// The water level lives in the pins' settings, like every limit, and the kernel has
+// no clock on it: a level stays in force until something writes the settings again.
+// So RunCapacity lifts it (writes the settings without it) before it returns, and
+// Close of a Filter running it does so too; a controller that dies without doing so
+// (SIGKILL, a crash) leaves its last level, which the next RunCapacity lifts when it
+// starts, and any Update (rrlctl set) lifts as well.
+//
+// The controller follows the pins' configuration: at every sample it reads the
+// settings' generation, and when another process flipped them (rrlctl set, a server's
+// Update) it reads the Config stored with them (the capacity keyword and the limits
+// the level applies to) and writes its level again, which such an Update lifted.
+// Every write of the level reads the stored Config first, so that it never puts back
+// a configuration another process replaced.
 
 // capacityUpdated starts or stops the controller after f.cfg changed. f.mu is held.
 // A controller told to stop ends at its next sample; it touches nothing once it is
@@ -103,7 +87,7 @@ func (f *Filter) capacityStats() *CapacityStats {
 		return nil
 	}
 	if f.pin != nil && f.capacity.run == nil {
-		return f.pinnedCapacityStats() // capacity_pin.go
+		return f.pinnedCapacityStats()
 	}
 	return f.capacity.run.stats()
 }
@@ -115,7 +99,7 @@ var errCapacityStopped = errors.New("rrl: capacity controller stopped")
 type kernelCapacity struct {
 	f   *Filter
 	run *capacityRun
-	// For a pinned filter (RunCapacity, capacity_pin.go): the sockets it is given,
+	// For a pinned filter (RunCapacity): the sockets it is given,
 	// the settings' generation after its last write or read, and whether another
 	// process's write lifted the level, which must then be written again.
 	pinned  bool
@@ -151,7 +135,7 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	// The sockets first, then the counters: the program counts a drop before the
 	// socket does, so the difference (overflow) is never counted ahead of time.
 	if f.pin != nil {
-		k.followPins() // capacity_pin.go
+		k.followPins()
 	}
 	var socks []queueSocket
 	for _, s := range f.ownedSockets() {
@@ -296,4 +280,229 @@ func (k *kernelCapacity) closeCells() {
 		k.cellsRW.Close()
 		k.cellsRW, k.mem = nil, nil
 	}
+}
+
+// pinnedCapacityStats is FilterStats.Capacity of a pinned filter whose controller
+// runs in another process, or nowhere. f.mu is held.
+func (f *Filter) pinnedCapacityStats() *CapacityStats {
+	idle := idleCapacityStats(f.cfg)
+	pc, ok, err := f.pin.readCapacity()
+	switch {
+	case err != nil:
+		idle.Problem = err.Error()
+		return &idle
+	case f.pin.capacity == nil:
+		idle.Problem = fmt.Sprintf("rrl: capacity: the pins in %s were made before the controller's status pin (%s): its state cannot be read; load them again", f.pin.dir, pinCapacity)
+		return &idle
+	case !ok || pc.state == capStatusStopped:
+		idle.Problem = fmt.Sprintf("rrl: capacity: no controller runs for the pins in %s (rrlctl control runs one): the static limits are in force", f.pin.dir)
+		return &idle
+	}
+	age := time.Duration(monotonicNow() - pc.heartbeat)
+	switch pinDirLocked(f.pin.dir) {
+	case lockHeld:
+		s := pc.stats
+		if age > capStatusStale {
+			s.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) published nothing for %s", f.pin.dir, pc.pid, age.Round(time.Second))
+		}
+		return &s
+	case lockUnknown:
+		if age <= capStatusStale {
+			s := pc.stats
+			return &s
+		}
+	}
+	// Its process is gone: it died without publishing that it stopped. Whether it
+	// left a level in force is read from the settings the kernel runs: it may have
+	// died between writing a level and publishing it.
+	if level := f.levelLeft(); level > 0 {
+		idle.Level, idle.Overloaded = level, true
+		idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago without lifting its water level %.4g: it stays in force until a controller starts (rrlctl control) or the configuration is written again (rrlctl set)",
+			f.pin.dir, pc.pid, age.Round(time.Second), level)
+		return &idle
+	}
+	idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago; no controller runs: the static limits are in force", f.pin.dir, pc.pid, age.Round(time.Second))
+	return &idle
+}
+
+// levelLeft returns the water level in force in the settings the kernel runs, read
+// from the limits below the static ones of the Config stored with them (a level
+// times a node's factor), or 0: the level a controller wrote and did not lift.
+// f.mu is held.
+func (f *Filter) levelLeft() float64 {
+	if f.pin.config == nil {
+		return 0
+	}
+	set, cfg, err := f.pin.readConfig(f.objs)
+	if err != nil {
+		return 0
+	}
+	static := latticeOf(cfg) // the limits of the settings without a level
+	for _, st := range set.activeNodes() {
+		if factor := static.capacity.factor[st.Node]; factor > 0 && st.Limit < uint64(static.limit[st.Node]) {
+			return fixed(st.Limit).Float64() / factor
+		}
+	}
+	return 0
+}
+
+// RunCapacity runs the capacity controller (Config keyword capacity) of a filter
+// opened from pins (OpenPinned or AttachPinned) until ctx is done, sampling the
+// receive queues of conns: the sockets the pinned filter is on (a server's own, or
+// copies of another process's taken with pidfd_getfd, as rrlctl control does). It
+// follows the capacity keyword and the limits of the Config stored in the pins
+// (rrlctl set), writes the water level into the pinned settings for every process
+// attached to them, and publishes its status, which Stats of any process reads.
+//
+// Only one controller runs per pin directory: RunCapacity holds an flock on it, and
+// fails at once while another process (or another Filter) runs one. Before it
+// returns, and when f is closed, it lifts the water level: the static limits stay
+// in force. A controller killed without that leaves its last level in the settings,
+// and the next RunCapacity lifts it as it starts (as does any Update).
+//
+// With capacity auto and no socket whose queue can be read, or counters that cannot
+// be read, the status reports the problem and no level is written. A Filter this
+// process loaded (Attach, Protect) runs its controller itself; RunCapacity refuses
+// it.
+func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
+	if f == nil {
+		return ErrClosed
+	}
+	r, k, lock, err := f.startPinnedCapacity(conns)
+	if err != nil {
+		return err
+	}
+	defer lock.Close() // releases the flock, after the level is lifted
+
+	select {
+	case <-ctx.Done():
+	case <-r.done: // Close stopped it
+	}
+	f.mu.Lock()
+	if f.capacity.run == r {
+		f.capacity.run = nil
+	}
+	f.mu.Unlock()
+	r.stopAndWait()
+	k.closeCells()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.liftPinnedLevel()
+}
+
+// startPinnedCapacity is RunCapacity's start: it takes the pin directory's lock
+// (returned, for the caller to release), lifts a level a dead controller left, and
+// starts the controller over conns.
+func (f *Filter) startPinnedCapacity(conns []syscall.Conn) (*capacityRun, *kernelCapacity, *os.File, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.mode != ModeEBPF || f.objs == nil:
+		return nil, nil, nil, ErrClosed
+	case f.pin == nil:
+		return nil, nil, nil, errors.New("rrl: run capacity controller: not a pinned filter (a Filter this process loaded runs its own)")
+	case f.capacity.run != nil:
+		return nil, nil, nil, errors.New("rrl: run capacity controller: it runs already for this Filter")
+	}
+	if err := f.pin.checkWritable(); err != nil {
+		return nil, nil, nil, err
+	}
+	lock, err := lockPinDir(f.pin)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// A level a controller that died left behind goes now, with the stored Config.
+	f.refreshPinnedConfig()
+	f.capacity.level = 0
+	if err := f.writeSettings(f.cfg); err != nil {
+		lock.Close()
+		return nil, nil, nil, fmt.Errorf("rrl: run capacity controller: %w", err)
+	}
+	k := &kernelCapacity{f: f, watched: conns, pinned: true}
+	// The cells are read through a memory map, which needs a descriptor opened for
+	// writing: root's; others read them by batches.
+	if m, err := openCellsRW(filepath.Join(f.pin.dir, pinCells)); err == nil {
+		k.cellsRW = m
+	}
+	k.gen = f.settingsGeneration()
+	r := startCapacity(f.cfg, k, monotonicNow)
+	k.run = r
+	f.capacity.run = r
+	// Published at once, so that no earlier controller's record (a dead one's)
+	// is read as this one's before its first sample.
+	f.capacity.published = true
+	f.pin.publishCapacity(pinnedCapacity{pid: uint32(os.Getpid()), state: capStatusRunning, heartbeat: monotonicNow(), stats: *r.stats()})
+	return r, k, lock, nil
+}
+
+// liftPinnedLevel writes a pinned filter's settings without the water level this
+// process put in force, if it did, and publishes that the controller stopped. f.mu
+// is held; the controller has stopped.
+func (f *Filter) liftPinnedLevel() error {
+	if f.pin == nil || f.objs == nil || !f.capacity.published {
+		return nil
+	}
+	f.capacity.published = false
+	var err error
+	if f.capacity.level > 0 {
+		f.capacity.level = 0
+		f.refreshPinnedConfig()
+		if err = f.writeSettings(f.cfg); err != nil {
+			err = fmt.Errorf("rrl: capacity: lift the water level: %w", err)
+		}
+	}
+	st := idleCapacityStats(f.cfg)
+	if err != nil {
+		st.Problem = err.Error()
+	}
+	f.pin.publishCapacity(pinnedCapacity{pid: uint32(os.Getpid()), state: capStatusStopped, heartbeat: monotonicNow(), stats: st})
+	return err
+}
+
+// followPins is sample's part for a pinned filter: a flip of the settings by another
+// process brings its Config, and a level to write again. f.mu is held.
+func (k *kernelCapacity) followPins() {
+	f := k.f
+	gen := f.settingsGeneration()
+	if gen == k.gen {
+		return
+	}
+	k.gen = gen
+	if f.refreshPinnedConfig() {
+		k.run.update(f.cfg)
+	}
+	if f.capacity.level > 0 {
+		k.rewrite = true
+	}
+}
+
+// takeRewrite reports once that the level must be written again.
+func (k *kernelCapacity) takeRewrite() bool {
+	if !k.pinned {
+		return false
+	}
+	f := k.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rw := k.rewrite
+	k.rewrite = false
+	return rw
+}
+
+// publish puts the controller's status in the pins.
+func (k *kernelCapacity) publish(st CapacityStats) {
+	if !k.pinned {
+		return
+	}
+	f := k.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pin == nil || !k.mine() {
+		return
+	}
+	if math.IsInf(st.Level, 0) {
+		st.Level = 0
+	}
+	f.capacity.published = true
+	f.pin.publishCapacity(pinnedCapacity{pid: uint32(os.Getpid()), state: capStatusRunning, heartbeat: monotonicNow(), stats: st})
 }

@@ -2,45 +2,25 @@
 
 package rrl
 
-// The capacity controller of a pinned filter. A Filter this process loaded runs its
-// controller itself (capacity_linux.go); a pinned filter is shared by every process
-// that attached its pins, so it gets one controller for all of them, from the one
-// process that calls RunCapacity (rrlctl control, or a server that attached the pins
-// and calls it itself), over the sockets it is given: copies of a running server's
-// sockets (pidfd_getfd), or the caller's own.
+// A pinned filter's capacity controller (RunCapacity, capacity_linux.go) keeps two
+// things in its pin directory besides the level it writes into the settings.
 //
 // One controller per pin directory: RunCapacity holds an exclusive flock(2) on the
 // directory while it runs, and a second one fails at once, naming the process that
 // holds it. The kernel releases the lock when the holder dies, however it dies.
 //
-// The water level lives in the pins' settings, like every limit, and the kernel has
-// no clock on it: a level stays in force until something writes the settings again.
-// So RunCapacity lifts it (writes the settings without it) before it returns, and
-// Close of a Filter running it does so too; a controller that dies without doing so
-// (SIGKILL, a crash) leaves its last level, which the next RunCapacity lifts when it
-// starts, and any Update (rrlctl set) lifts as well. rrl_capacity holds the
-// controller's status, with its pid and a heartbeat, so that Stats of any process
-// (rrlctl stats) shows the capacity mode's state, or that no controller runs, or that
-// one died and left a level in force.
-//
-// The controller follows the pins' configuration: at every sample it reads the
-// settings' generation, and when another process flipped them (rrlctl set, a server's
-// Update) it reads the Config stored with them (the capacity keyword and the limits
-// the level applies to) and writes its level again, which such an Update lifted.
-// Every write of the level reads the stored Config first, so that it never puts back
-// a configuration another process replaced.
+// rrl_capacity holds the controller's status, with its pid and a heartbeat, so that
+// Stats of any process (rrlctl stats) shows the capacity mode's state, or that no
+// controller runs, or that one died and left a level in force.
 
 import (
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -142,159 +122,6 @@ func (p *pinState) readCapacity() (pc pinnedCapacity, ok bool, err error) {
 	return pc, true, nil
 }
 
-// pinnedCapacityStats is FilterStats.Capacity of a pinned filter whose controller
-// runs in another process, or nowhere. f.mu is held.
-func (f *Filter) pinnedCapacityStats() *CapacityStats {
-	idle := idleCapacityStats(f.cfg)
-	pc, ok, err := f.pin.readCapacity()
-	switch {
-	case err != nil:
-		idle.Problem = err.Error()
-		return &idle
-	case f.pin.capacity == nil:
-		idle.Problem = fmt.Sprintf("rrl: capacity: the pins in %s were made before the controller's status pin (%s): its state cannot be read; load them again", f.pin.dir, pinCapacity)
-		return &idle
-	case !ok || pc.state == capStatusStopped:
-		idle.Problem = fmt.Sprintf("rrl: capacity: no controller runs for the pins in %s (rrlctl control runs one): the static limits are in force", f.pin.dir)
-		return &idle
-	}
-	age := time.Duration(monotonicNow() - pc.heartbeat)
-	switch pinDirLocked(f.pin.dir) {
-	case lockHeld:
-		s := pc.stats
-		if age > capStatusStale {
-			s.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) published nothing for %s", f.pin.dir, pc.pid, age.Round(time.Second))
-		}
-		return &s
-	case lockUnknown:
-		if age <= capStatusStale {
-			s := pc.stats
-			return &s
-		}
-	}
-	// Its process is gone: it died without publishing that it stopped. Whether it
-	// left a level in force is read from the settings the kernel runs: it may have
-	// died between writing a level and publishing it.
-	if level := f.levelLeft(); level > 0 {
-		idle.Level, idle.Overloaded = level, true
-		idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago without lifting its water level %.4g: it stays in force until a controller starts (rrlctl control) or the configuration is written again (rrlctl set)",
-			f.pin.dir, pc.pid, age.Round(time.Second), level)
-		return &idle
-	}
-	idle.Problem = fmt.Sprintf("rrl: capacity: the controller of the pins in %s (pid %d) died %s ago; no controller runs: the static limits are in force", f.pin.dir, pc.pid, age.Round(time.Second))
-	return &idle
-}
-
-// levelLeft returns the water level in force in the settings the kernel runs, read
-// from the limits below the static ones of the Config stored with them (a level
-// times a node's factor), or 0: the level a controller wrote and did not lift.
-// f.mu is held.
-func (f *Filter) levelLeft() float64 {
-	if f.pin.config == nil {
-		return 0
-	}
-	set, cfg, err := f.pin.readConfig(f.objs)
-	if err != nil {
-		return 0
-	}
-	static := latticeOf(cfg) // the limits of the settings without a level
-	for _, st := range set.activeNodes() {
-		if factor := static.capacity.factor[st.Node]; factor > 0 && st.Limit < uint64(static.limit[st.Node]) {
-			return fixed(st.Limit).Float64() / factor
-		}
-	}
-	return 0
-}
-
-// RunCapacity runs the capacity controller (Config keyword capacity) of a filter
-// opened from pins (OpenPinned or AttachPinned) until ctx is done, sampling the
-// receive queues of conns: the sockets the pinned filter is on (a server's own, or
-// copies of another process's taken with pidfd_getfd, as rrlctl control does). It
-// follows the capacity keyword and the limits of the Config stored in the pins
-// (rrlctl set), writes the water level into the pinned settings for every process
-// attached to them, and publishes its status, which Stats of any process reads.
-//
-// Only one controller runs per pin directory: RunCapacity holds an flock on it, and
-// fails at once while another process (or another Filter) runs one. Before it
-// returns, and when f is closed, it lifts the water level: the static limits stay
-// in force. A controller killed without that leaves its last level in the settings,
-// and the next RunCapacity lifts it as it starts (as does any Update).
-//
-// With capacity auto and no socket whose queue can be read, or counters that cannot
-// be read, the status reports the problem and no level is written. A Filter this
-// process loaded (Attach, Protect) runs its controller itself; RunCapacity refuses
-// it.
-func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
-	if f == nil {
-		return ErrClosed
-	}
-	r, k, lock, err := f.startPinnedCapacity(conns)
-	if err != nil {
-		return err
-	}
-	defer lock.Close() // releases the flock, after the level is lifted
-
-	select {
-	case <-ctx.Done():
-	case <-r.done: // Close stopped it
-	}
-	f.mu.Lock()
-	if f.capacity.run == r {
-		f.capacity.run = nil
-	}
-	f.mu.Unlock()
-	r.stopAndWait()
-	k.closeCells()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.liftPinnedLevel()
-}
-
-// startPinnedCapacity is RunCapacity's start: it takes the pin directory's lock
-// (returned, for the caller to release), lifts a level a dead controller left, and
-// starts the controller over conns.
-func (f *Filter) startPinnedCapacity(conns []syscall.Conn) (*capacityRun, *kernelCapacity, *os.File, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	switch {
-	case f.mode != ModeEBPF || f.objs == nil:
-		return nil, nil, nil, ErrClosed
-	case f.pin == nil:
-		return nil, nil, nil, errors.New("rrl: run capacity controller: not a pinned filter (a Filter this process loaded runs its own)")
-	case f.capacity.run != nil:
-		return nil, nil, nil, errors.New("rrl: run capacity controller: it runs already for this Filter")
-	}
-	if err := f.pin.checkWritable(); err != nil {
-		return nil, nil, nil, err
-	}
-	lock, err := lockPinDir(f.pin)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	// A level a controller that died left behind goes now, with the stored Config.
-	f.refreshPinnedConfig()
-	f.capacity.level = 0
-	if err := f.writeSettings(f.cfg); err != nil {
-		lock.Close()
-		return nil, nil, nil, fmt.Errorf("rrl: run capacity controller: %w", err)
-	}
-	k := &kernelCapacity{f: f, watched: conns, pinned: true}
-	// The cells are read through a memory map, which needs a descriptor opened for
-	// writing: root's; others read them by batches.
-	if m, err := openCellsRW(filepath.Join(f.pin.dir, pinCells)); err == nil {
-		k.cellsRW = m
-	}
-	k.gen = f.settingsGeneration()
-	r := startCapacity(f.cfg, k, monotonicNow)
-	k.run = r
-	f.capacity.run = r
-	// Published at once, so that no earlier controller's record (a dead one's)
-	// is read as this one's before its first sample.
-	f.capacity.published = true
-	f.pin.publishCapacity(pinnedCapacity{pid: uint32(os.Getpid()), state: capStatusRunning, heartbeat: monotonicNow(), stats: *r.stats()})
-	return r, k, lock, nil
-}
-
 // Whether a controller holds the lock of a pin directory (pinDirLocked).
 const (
 	lockUnknown = iota
@@ -356,85 +183,4 @@ func lockPinDir(p *pinState) (*os.File, error) {
 		return nil, fmt.Errorf("rrl: run capacity controller: lock %s: %w", p.dir, err)
 	}
 	return d, nil
-}
-
-// settingsGeneration returns the settings header's generation (0 if unreadable).
-func (f *Filter) settingsGeneration() uint64 {
-	h, err := f.objs.settingsMaps().header()
-	if err != nil {
-		return 0
-	}
-	return h.Generation
-}
-
-// liftPinnedLevel writes a pinned filter's settings without the water level this
-// process put in force, if it did, and publishes that the controller stopped. f.mu
-// is held; the controller has stopped.
-func (f *Filter) liftPinnedLevel() error {
-	if f.pin == nil || f.objs == nil || !f.capacity.published {
-		return nil
-	}
-	f.capacity.published = false
-	var err error
-	if f.capacity.level > 0 {
-		f.capacity.level = 0
-		f.refreshPinnedConfig()
-		if err = f.writeSettings(f.cfg); err != nil {
-			err = fmt.Errorf("rrl: capacity: lift the water level: %w", err)
-		}
-	}
-	st := idleCapacityStats(f.cfg)
-	if err != nil {
-		st.Problem = err.Error()
-	}
-	f.pin.publishCapacity(pinnedCapacity{pid: uint32(os.Getpid()), state: capStatusStopped, heartbeat: monotonicNow(), stats: st})
-	return err
-}
-
-// followPins is sample's part for a pinned filter: a flip of the settings by another
-// process brings its Config, and a level to write again. f.mu is held.
-func (k *kernelCapacity) followPins() {
-	f := k.f
-	gen := f.settingsGeneration()
-	if gen == k.gen {
-		return
-	}
-	k.gen = gen
-	if f.refreshPinnedConfig() {
-		k.run.update(f.cfg)
-	}
-	if f.capacity.level > 0 {
-		k.rewrite = true
-	}
-}
-
-// takeRewrite reports once that the level must be written again.
-func (k *kernelCapacity) takeRewrite() bool {
-	if !k.pinned {
-		return false
-	}
-	f := k.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	rw := k.rewrite
-	k.rewrite = false
-	return rw
-}
-
-// publish puts the controller's status in the pins.
-func (k *kernelCapacity) publish(st CapacityStats) {
-	if !k.pinned {
-		return
-	}
-	f := k.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.pin == nil || !k.mine() {
-		return
-	}
-	if math.IsInf(st.Level, 0) {
-		st.Level = 0
-	}
-	f.capacity.published = true
-	f.pin.publishCapacity(pinnedCapacity{pid: uint32(os.Getpid()), state: capStatusRunning, heartbeat: monotonicNow(), stats: st})
 }

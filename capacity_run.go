@@ -6,6 +6,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/dnsrake/rrl/internal/sockopt"
 )
 
 // Running the capacity controller: a goroutine of the process that owns the limiter
@@ -25,7 +27,7 @@ type capacitySource interface {
 }
 
 // sharedSource is what a source adds whose filter other processes share (a pinned
-// filter's, capacity_pin.go): whether another process's write lifted the level,
+// filter's, capacity_linux.go): whether another process's write lifted the level,
 // which must then be written again, and the status to tell them at every step.
 type sharedSource interface {
 	takeRewrite() bool
@@ -36,7 +38,7 @@ type sharedSource interface {
 var errNoSocket = errors.New("rrl: capacity auto: no socket whose receive queue can be read; the static limits stay in force")
 
 // errCapacityOff: a pinned filter's Config has the capacity mode off
-// (capacity_pin.go).
+// (RunCapacity).
 var errCapacityOff = errors.New("rrl: capacity: off in the configuration (keyword capacity); the controller waits for it")
 
 // capacityRun is one running controller.
@@ -253,7 +255,7 @@ func (w *queueWatch) read(socks []queueSocket) capacityInput {
 	next := make(map[any]uint32, len(socks))
 	w.delta = 0
 	for _, s := range socks {
-		queued, size, drops, err := readSocketQueue(s.conn)
+		queued, size, drops, err := sockopt.ReceiveQueue(s.conn)
 		if err != nil {
 			continue
 		}

@@ -17,9 +17,9 @@ import (
 
 var errNotLinux = fmt.Errorf("rrl: socket filters need Linux: %w", ErrNotSupported)
 
-// The Filter API is documented once, in the Linux files (attach.go, attach_local.go,
-// filter_pin.go, filter_stats.go, filter_types.go, filter_limited.go, filter_cookies.go). Here every
-// call that would attach, open or read a kernel filter returns errNotLinux, Mode is
+// The Filter API is documented once, in the Linux files (filter_linux.go, attach.go,
+// attach_local.go, filter_pin.go, filter_stats.go, filter_types.go, filter_limited.go,
+// filter_sketches.go, filter_cookies.go, capacity_linux.go). Here every call that would attach, open or read a kernel filter returns errNotLinux, Mode is
 // ModeNone, Config is nil and Close does nothing.
 
 // Filter is the kernel filter, which needs Linux: on this platform no Filter is

@@ -140,22 +140,6 @@ func (p *pinState) readConfig(objs *kernelObjects) (*filterSettings, *Config, er
 	return s, cfg, nil
 }
 
-// refreshPinnedConfig reads the Config stored in the pins, with the settings in
-// force, into f.cfg, keeping the clock the caller may have given the Config it
-// passed; it reports whether it could. f.mu is held, and f is pinned.
-func (f *Filter) refreshPinnedConfig() bool {
-	if f.pin.config == nil || f.objs == nil {
-		return false
-	}
-	_, cfg, err := f.pin.readConfig(f.objs)
-	if err != nil {
-		return false
-	}
-	cfg.nowFunc = f.cfg.nowFunc
-	f.cfg = cfg
-	return true
-}
-
 // checkWritable fails when the pins were opened read-only; called before any write.
 func (p *pinState) checkWritable() error {
 	if p.readOnly == "" {

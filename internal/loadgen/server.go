@@ -1,11 +1,9 @@
 package loadgen
 
 import (
-	"fmt"
 	"net"
 	"net/netip"
 	"syscall"
-	"unsafe"
 
 	"github.com/dnsrake/rrl/internal/sockopt"
 	"golang.org/x/sys/unix"
@@ -47,19 +45,5 @@ func Drops(conn syscall.Conn) (uint32, error) {
 
 // Meminfo returns conn's memory counters (SO_MEMINFO), indexed by unix.SK_MEMINFO_*.
 func Meminfo(conn syscall.Conn) ([unix.SK_MEMINFO_VARS]uint32, error) {
-	var info [unix.SK_MEMINFO_VARS]uint32
-	err := sockopt.Control(conn, func(fd int) error {
-		size := uint32(unsafe.Sizeof(info))
-		// x/sys/unix has no getsockopt for an array of integers.
-		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET,
-			unix.SO_MEMINFO, uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&size)), 0)
-		if errno != 0 {
-			return fmt.Errorf("SO_MEMINFO: %w", errno)
-		}
-		if size <= unix.SK_MEMINFO_DROPS*4 {
-			return fmt.Errorf("SO_MEMINFO returned %d bytes, no drop counter", size)
-		}
-		return nil
-	})
-	return info, err
+	return sockopt.Meminfo(conn)
 }
