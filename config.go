@@ -13,75 +13,34 @@ import (
 
 // Config holds the settings of an RRL, a Limiter and a Filter. Create it with
 // NewConfig, which sets the defaults, and change it with SetValue, which takes the
-// keywords of BIND's rate-limit clause as coredns/rrl and markdingo/rrl spell them.
-// A Config is not safe for concurrent modification; the RRL, Limiter and Filter made
-// from it take a copy of what they need.
+// keywords of BIND's rate-limit clause as coredns/rrl and markdingo/rrl spell them;
+// a bad value gives a ConfigError and leaves the Config unchanged. A Config is not
+// safe for concurrent modification; the RRL, Limiter and Filter made from it take a
+// copy of what they need. docs/configuration.md explains every keyword:
 //
-// Response rate limiting (Debit), as in markdingo/rrl:
-//
-//	window SECONDS                 1..3600, default 15: how far a balance can go negative
-//	ipv4-prefix-length LENGTH      1..32, default 24: the IPv4 client network
-//	ipv6-prefix-length LENGTH      1..128, default 56: the IPv6 client network
-//	responses-per-second RATE      answers per second per (network, qtype, name); 0 (default) disables
-//	nodata-per-second RATE         NODATA responses; defaults to responses-per-second
-//	nxdomains-per-second RATE      NXDOMAIN responses; defaults to responses-per-second
-//	referrals-per-second RATE      referrals; defaults to responses-per-second
-//	errors-per-second RATE         other errors; defaults to responses-per-second
-//	requests-per-second RATE       queries per second per client network; 0 (default) disables
-//	slip-ratio RATIO               0..10, default 2: every RATIO-th limited response slips
-//	max-table-size SIZE            accounts kept, default 100000; 0 means the default
-//
-// Extensions from BIND 9 and this package:
-//
-//	report-only [BOOL]             "true", "false" or "" (true): count, never withhold
-//	exempt-clients LIST            addresses or prefixes, comma or space separated: never limited
-//	all-per-second RATE            all responses per client network, besides the category account
-//	qps-scale RATE                 above this total query rate, allowances shrink proportionally
-//
-// The request limiter (the kernel Filter and the Go Limiter) limits queries at several
-// source prefix levels, each to a multiple of requests-per-second:
-//
-//	ipv4-request-levels LIST       "PREFIX:FACTOR ...", default "32:1 16:16"
-//	ipv6-request-levels LIST       default "128:1 64:1 48:4"
-//	source-port-factor FACTOR      all sources sharing one source port; default 1, 0 disables
-//	total-requests-per-second RATE all queries together (capacity); default 0 (off)
-//	reflection-ports LIST          source ports whose packets are dropped unseen
-//	capacity auto|RATE             limit requests only while the server is overloaded (off by default)
-//
-// Limiting events (SetEventFunc):
-//
-//	events-per-second N            1..1000000, default 10: events reported in each second
-//	                               of the clock; the others are counted, and the count
-//	                               reported in the next event
-//
-// DNS server cookies (a Protection's Handler and kernel filter), as BIND's option:
-//
-//	cookie-secret SECRET [ACCEPTED] the 128-bit SipHash-2-4 secret cookies are made with,
-//	                               32 hex digits, shared by every server of a site (RFC
-//	                               9018); a second secret is accepted too (rotation: see
-//	                               Cookies); "" forgets them (a random secret then)
-//
-// The cookie secret never appears in an error, in String or in Values (which show it
-// as [redacted]), nor in a pinned filter's stored configuration.
-//
-// The client-network level (ipv4-prefix-length, ipv6-prefix-length) is always a level
-// at factor 1 unless the list names that prefix length with another factor. At most
-// five levels per family besides /0. A factor of 0 turns a level off.
-// reflection-ports defaults to 0 19 123 161 389 1900 11211: port 0, which no real
-// client uses, and chargen, NTP, SNMP, CLDAP, SSDP and memcached, whose responses
-// are used in reflection attacks; packets from them can never be queries, so the
-// filters drop them before any rate accounting.
-//
-// capacity turns on the capacity mode: every level counts, and the request limits
-// apply only while the server is overloaded, lowered then to the max-min fair share
-// of its capacity (the water level: the heaviest groups are trimmed, light ones and
-// clients with a valid server cookie are not). auto measures the capacity from the
-// sockets' receive queues, a RATE (queries per second, above 0) gives it.
-// requests-per-second, when also set, stays a ceiling. See CapacityStats.
-//
-// Every rate is a decimal number of events per second (0 to 10,000,000). A value that
-// cannot be parsed or is out of range gives an error naming the keyword and the value,
-// and leaves the Config unchanged.
+//	window SECONDS                  how far a balance can go negative (15)
+//	ipv4-prefix-length LENGTH       the IPv4 client network (24)
+//	ipv6-prefix-length LENGTH       the IPv6 client network (56)
+//	responses-per-second RATE       answers per (network, qtype, name); 0 (default) off
+//	nodata-per-second RATE          NODATA responses (responses-per-second)
+//	nxdomains-per-second RATE       NXDOMAIN responses (responses-per-second)
+//	referrals-per-second RATE       referrals (responses-per-second)
+//	errors-per-second RATE          other errors (responses-per-second)
+//	requests-per-second RATE        queries per client network; 0 (default) off
+//	slip-ratio RATIO                every RATIO-th limited response slips (2)
+//	max-table-size SIZE             accounts kept (100000)
+//	report-only [BOOL]              count, never withhold
+//	exempt-clients LIST             addresses or prefixes never limited
+//	all-per-second RATE             all responses per client network
+//	qps-scale RATE                  above this query rate, allowances shrink
+//	ipv4-request-levels LIST        request limit levels, "PREFIX:FACTOR ..." ("32:1 16:16")
+//	ipv6-request-levels LIST        ("128:1 64:1 48:4")
+//	source-port-factor FACTOR       all sources sharing one source port (1)
+//	total-requests-per-second RATE  all queries together; 0 (default) off
+//	reflection-ports LIST           source ports dropped unseen ("0 19 123 161 389 1900 11211")
+//	capacity auto|RATE              limit requests only while the server is overloaded
+//	events-per-second N             limiting events reported per second (10)
+//	cookie-secret SECRET [ACCEPTED] the DNS server cookie secret, 32 hex digits
 type Config struct {
 	window           int64 // seconds
 	ipv4PrefixLength int

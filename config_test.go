@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"net/netip"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -204,6 +205,27 @@ func TestDefaultReflectionPortsImmutable(t *testing.T) {
 	}
 	if !slices.Equal(after, prog) {
 		t.Error("after a caller's change the classic program differs")
+	}
+}
+
+// TestKeywordsDocumented checks that every keyword of the table is in the Config doc
+// comment's list and in docs/configuration.md, so that neither drifts from the table.
+func TestKeywordsDocumented(t *testing.T) {
+	src, err := os.ReadFile("config.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := os.ReadFile("docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kw := range ConfigKeywords() {
+		if !strings.Contains(string(src), "\n//\t"+kw+" ") {
+			t.Errorf("%s is not in the Config doc comment's keyword list", kw)
+		}
+		if !strings.Contains(string(ref), "| `"+kw+"` |") {
+			t.Errorf("%s is not in docs/configuration.md", kw)
+		}
 	}
 }
 

@@ -22,69 +22,20 @@ type requestGate interface {
 	requestLimiter(w dns.ResponseWriter) *Limiter
 }
 
-// Handler is middleware for github.com/miekg/dns servers: it sits in front of the
-// server's own dns.Handler, lets it answer, and then decides with an RRL whether the
-// answer goes out, is withheld, or is replaced by a slip.
+// Handler is middleware for github.com/miekg/dns servers: it lets the inner
+// handler answer, debits the answer with an RRL and sends it, withholds it or slips
+// it (a truncated response, or BADCOOKIE to a client that sent a cookie), as BIND 9
+// does. With Cookies (WithCookies) it verifies and issues DNS server cookies, and
+// sends answers to UDP queries with a valid server cookie unlimited. As a
+// Protection's Handler it also holds UDP queries the kernel filter did not judge to
+// the request limits in Go, once. Malformed queries get their error response
+// without reaching the inner handler. docs/handler.md lists each step.
 //
-// For every query it:
-//
-//  1. as the Handler of a Protection, holds each UDP query that did not arrive on a
-//     socket where the eBPF filter is in force (nor through the reader of a
-//     Protection's server, which did the same) to the request limits in Go, and
-//     drops it when they refuse it, before the inner handler sees it; a query with
-//     a valid server cookie (WithCookies) is judged at its own address only;
-//  2. answers, without calling the inner handler and as an error response (steps 4
-//     and 5), a query it cannot serve: NOTIMP for an opcode other than QUERY and
-//     NOTIFY, FORMERR for a QUERY without exactly one question or with more than
-//     one OPT record, BADVERS (with an OPT record of version 0) for an EDNS version
-//     above 0 (RFC 6891), counting them in HandlerStats.Malformed;
-//  3. with Cookies (WithCookies), judges the query's COOKIE option (RFC 7873) and
-//     answers FORMERR, without calling the inner handler, when it is malformed;
-//  4. calls the inner handler with a wrapped ResponseWriter and catches the first
-//     message it writes;
-//  5. sends that response unlimited when the query came over UDP with a valid server
-//     cookie (the client has shown it receives packets at its address, RFC 7873;
-//     BIND 9 skips rate limiting for them too); otherwise debits the response's
-//     tuple (ResponseTupleFromMsg) with RRL.DebitAddrPort, which for TCP applies
-//     requests-per-second only (and, for UDP, requests-per-second too unless the
-//     Handler is a Protection's: its UDP queries were held to the request limits
-//     already, once);
-//  6. acts on the verdict: Send writes the response, Drop writes nothing (and, over
-//     TCP, closes the connection, so that a client refused by requests-per-second
-//     is not left to wait for the idle timeout while holding a connection), and Slip
-//     writes BADCOOKIE with a fresh server cookie when the query carried a client
-//     cookie (RFC 7873 section 5.2.3 allows it; BIND 9 slips so), otherwise the response truncated (TC=1, no answer, authority or
-//     additional records besides the OPT record) so that a real client retries over
-//     TCP. An error response (the AllowanceError category: REFUSED, SERVFAIL, FORMERR
-//     and the rest) is never slipped but dropped, as BIND 9 does: a truncated error
-//     tells a client nothing it could retry for, and FORMERR or REFUSED may be
-//     exactly what a spoofed flood provokes. FORMERR and NOTIMP are written with
-//     TC clear;
-//  7. puts a server cookie into every response it writes to a query that carried a
-//     client cookie (with Cookies).
-//
-// In report-only mode Debit always returns Send, so nothing is withheld and the
-// RRL's Stats count what would have been. Later messages the inner handler writes
-// for the same query (a zone transfer over TCP) follow the first one's fate and are
-// not debited again.
-//
-// The inner handler's message is never modified (it may be cached and shared): a
-// response that needs a cookie or a slip is written from a shallow copy. A response
-// written as raw bytes (ResponseWriter.Write) is unpacked to be judged. The wrapped
-// ResponseWriter, like miekg/dns's own, is meant to be used only until the inner
-// handler's ServeDNS returns; after that its writes fail with ErrLateWrite and reach
-// no one (its state is pooled and serves other queries).
-//
-// miekg/dns answers some malformed queries itself, before any handler runs:
-// ConfigureServer brings those replies under the same limits.
-//
-// An answer synthesised from a wildcard is accounted to the wildcard (see
-// ResponseTupleFromMsg): the inner handler says so with SetWildcardOrigin on its
-// ResponseWriter, or the Handler asks a WithWildcardFunc hook.
-//
-// A Handler is safe for concurrent use. On the Send path without cookies it
-// allocates nothing beyond what miekg/dns does but a 512-byte block of writer leases
-// once every 32 queries; Stats returns its counters.
+// The inner handler's messages are never modified, and its ResponseWriter is valid
+// only until its ServeDNS returns (later writes fail with ErrLateWrite). An inner
+// handler that synthesises an answer from a wildcard says so with
+// SetWildcardOrigin. A Handler is safe for concurrent use; Stats returns its
+// counters.
 type Handler struct {
 	next    dns.Handler
 	rrl     *RRL
@@ -92,10 +43,9 @@ type Handler struct {
 	limiter *Limiter // the Go request limiter of withLimiter, for tests
 	// core is the Protection whose Handler this is: it says, per query, whether the
 	// Go request limits still apply; UDP queries are then always held to them once.
-	core     requestGate
-	now      func() time.Time
-	wildcard func(resp *dns.Msg) string
-	writers  sync.Pool
+	core    requestGate
+	now     func() time.Time
+	writers sync.Pool
 
 	responses    [ActionLast][AllowanceLast]atomic.Uint64
 	badCookie    atomic.Uint64
@@ -107,7 +57,7 @@ type Handler struct {
 }
 
 // NewHandler returns next wrapped in rate limiting by r. r must not be nil. Of the
-// options it heeds WithCookies and WithWildcardFunc; the Handler has no cookies
+// options it heeds WithCookies; the Handler has no cookies
 // unless given them.
 func NewHandler(next dns.Handler, r *RRL, opts ...Option) *Handler {
 	var o options
@@ -118,7 +68,7 @@ func NewHandler(next dns.Handler, r *RRL, opts ...Option) *Handler {
 }
 
 func newHandler(next dns.Handler, r *RRL, o *options) *Handler {
-	h := &Handler{next: next, rrl: r, now: time.Now, wildcard: o.wildcard, limiter: o.limiter}
+	h := &Handler{next: next, rrl: r, now: time.Now, limiter: o.limiter}
 	if o.now != nil {
 		h.now = o.now
 	}
@@ -701,11 +651,7 @@ func (rw *responseWriter) judge(m *dns.Msg) error {
 		act, cat = Send, responseCategory(m)
 		h.cookieExempt.Add(1)
 	} else {
-		origin := rw.wildcard
-		if origin == "" && h.wildcard != nil {
-			origin = h.wildcard(m)
-		}
-		t := ResponseTupleFromMsg(m, origin)
+		t := ResponseTupleFromMsg(m, rw.wildcard)
 		act = h.debit(rw.src, rw.udp, &t)
 		cat = t.AllowanceCategory
 	}

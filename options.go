@@ -2,12 +2,10 @@ package rrl
 
 import (
 	"time"
-
-	"github.com/miekg/dns"
 )
 
 // Option configures Protect, NewProtection and NewHandler. NewHandler heeds only
-// WithCookies and WithWildcardFunc.
+// WithCookies.
 type Option func(*options)
 
 type options struct {
@@ -16,7 +14,6 @@ type options struct {
 	pinDir     string
 	noFilter   bool
 	tcpPerConn int
-	wildcard   func(resp *dns.Msg) string
 	now        func() time.Time // cookie clock, for tests (time.Now by default)
 	limiter    *Limiter         // a Handler's own Go request limits, for tests
 }
@@ -44,14 +41,6 @@ func WithPinned(dir string) Option { return func(o *options) { o.pinDir = dir } 
 // in Go. For a server whose sockets get a filter from outside (rrlctl attach), which
 // should then leave requests-per-second at 0 in cfg so as not to limit twice.
 func WithoutFilter() Option { return func(o *options) { o.noFilter = true } }
-
-// WithWildcardFunc gives the Handler a function that returns the wildcard origin of
-// a response the inner handler wrote (see ResponseTupleFromMsg), or "" when the
-// response was not synthesised. It is consulted only when the inner handler did not
-// call SetWildcardOrigin.
-func WithWildcardFunc(f func(resp *dns.Msg) string) Option {
-	return func(o *options) { o.wildcard = f }
-}
 
 // WithTCPConnsPerClient sets the concurrent TCP connections each client may hold on
 // a Protection's TCP servers (tcplimit.DefaultConnsPerClient by default).
