@@ -7,38 +7,16 @@ import (
 )
 
 // ResponseTupleFromMsg returns the ResponseTuple of resp, the response a server is
-// about to send, for Debit.
+// about to send, for Debit: its category from the rcode and the records themselves
+// (an SOA in the authority section makes NODATA, NS records without AA a referral),
+// and its salient name by the ResponseTuple rules, lower-cased so that a client
+// randomising the case of its queries opens no new accounts.
 //
-// wildcardOrigin says whether the answer was synthesised from a wildcard: it is the
-// name the wildcard hangs from (for "*.wild.example." that is "wild.example."), or ""
-// when the answer was not synthesised. The owner of the wildcard itself
-// ("*.wild.example.") is accepted too. All names synthesised from one wildcard share
-// one account, answers and NODATA alike, so a flood of random names below a
-// wildcard cannot spread over unlimited accounts.
-//
-// The category comes from the rcode and the records themselves, not only their
-// counts:
-//
-//   - NOERROR with records in the answer section: AllowanceAnswer;
-//   - NOERROR, empty answer section, an SOA in the authority section: AllowanceNoData
-//     (a negative answer, even though the authority section is not empty);
-//   - NOERROR, empty answer section, not authoritative (AA=0), NS records in the
-//     authority section: AllowanceReferral (a delegation);
-//   - any other NOERROR: AllowanceNoData;
-//   - NXDOMAIN: AllowanceNXDomain;
-//   - any other rcode, extended rcodes such as BADCOOKIE included: AllowanceError.
-//
-// The salient name follows the ResponseTuple rules: the owner of the first
-// authority record for NXDOMAIN and referrals (empty when there is none), the
-// wildcard ("*." and the origin) for synthesised answers, otherwise the question
-// name. Class and Type are the first question's. A response without a question (RFC
-// 7873 section 5.4: a reply carrying only a COOKIE option) has only its category
-// set.
-//
-// Names are lower-cased (ASCII only, as DNS compares names) so that a client
-// randomising the case of its queries (the "0x20" defence) does not open a new
-// account per spelling. A name that is already lower case is used as is, without
-// allocating; the wildcard origin is made fully qualified.
+// For an answer synthesised from a wildcard, wildcardOrigin is the name the
+// wildcard hangs from (for "*.wild.example." that is "wild.example."); otherwise it
+// is "". All names synthesised from one wildcard share one account, so a flood of
+// random names below it cannot spread over unlimited accounts.
+// docs/response-accounts.md has the rules in full.
 func ResponseTupleFromMsg(resp *dns.Msg, wildcardOrigin string) ResponseTuple {
 	cat := responseCategory(resp)
 	t := ResponseTuple{AllowanceCategory: cat}
