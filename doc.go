@@ -22,6 +22,12 @@
 // BADCOOKIE instead) and the reasons for statistics and logs. [Handler] does this for
 // a miekg/dns handler.
 //
+// The rest of the API, by part: the kernel filter on a socket ([Attach], [Filter]),
+// shared by unprivileged processes through pins ([LoadPinned], [AttachPinned]); the
+// request limiter in Go ([Limiter]); DNS server cookies ([Cookies], [WithCookies]);
+// limiting events ([Config.SetEventFunc], [LimitEvent], [SlogEvents]); and BIND's
+// rate-limit clause ([ParseBINDRateLimit]). Every part takes the one [Config].
+//
 // The kernel filter needs Linux. The package builds on every platform: elsewhere
 // [Attach] and the other calls of the kernel filter return an error matching
 // [ErrNotSupported], and RRL, [Limiter] and [Handler] work as on Linux.
