@@ -75,10 +75,6 @@ type rrlState struct {
 	shards     []shard
 }
 
-// clockOffset is added to every time so that zero times, which run up to maxCost
-// (at most 3601 s) behind, stay positive.
-const clockOffset = 4096 * fixedOne
-
 // Kinds of accounts, mixed into their keys.
 const (
 	kindRequest  = 1
@@ -119,7 +115,7 @@ func New(cfg *Config) (*RRL, error) {
 	}
 	st := newState(cfg)
 	st.newTable(cfg.maxTableSize)
-	r.tracker = newEventTracker(cfg, r.nowFunc == nil)
+	r.tracker = r.newTracker(cfg)
 	st.events = r.tracker
 	r.state.Store(st)
 	r.scale.Store(uint64(fixedOne))
@@ -384,6 +380,10 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		scale = r.rateScale(sec, p.qpsScale)
 	}
 	ev := p.events
+	var fol episodeFollower // nil without events, not a nil *eventTracker
+	if ev != nil {
+		fol = ev
+	}
 	var trans transition // limiting began or ended for an account: rare
 
 	act, ipr, rtr = Send, IPNotConfigured, RTNotReached
@@ -391,7 +391,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		ipr = IPNotReached
 	} else if p.reqCost != 0 {
 		key := accountKey(netHash, kindRequest)
-		limited, _, t := s.debit(key, now, p.reqCost, p.window, 0, ev)
+		limited, _, t := s.debit(key, now, p.reqCost, p.window, 0, fol)
 		if t != 0 {
 			trans |= t
 			r.transition(p, s, key, t, now, cn, kindRequest, tuple, p.reqCost)
@@ -408,7 +408,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	}
 	if p.allCost != 0 {
 		key, c := accountKey(netHash, kindAll), p.scaled(p.allCost, scale)
-		limited, _, t := s.debit(key, now, c, p.window, 0, ev)
+		limited, _, t := s.debit(key, now, c, p.window, 0, fol)
 		if t != 0 {
 			trans |= t
 			r.transition(p, s, key, t, now, cn, kindAll, tuple, c)
@@ -424,7 +424,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	}
 	rtr = RTOk
 	cost = p.scaled(cost, scale)
-	if limited, slipped, t := s.debit(respKey, now, cost, p.window, p.slipRatio, ev); limited || t != 0 {
+	if limited, slipped, t := s.debit(respKey, now, cost, p.window, p.slipRatio, fol); limited || t != 0 {
 		if t != 0 {
 			trans |= t
 			r.transition(p, s, respKey, t, now, cn, kindResponse, tuple, cost)
@@ -439,7 +439,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	}
 done:
 	if ev != nil && (trans.ended() != 0 || uint64(now) >= ev.next.Load()) {
-		r.sweep(ev, now)
+		ev.sweep(now, &p.shards[0])
 	}
 	would := act
 	if p.report {
@@ -614,10 +614,10 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 	case cfg.eventFunc == nil:
 		// Accounts keep their record bits until their next debit clears them.
 		if r.tracker != nil {
-			r.setEvents(r.tracker, false)
+			r.tracker.setTimer(false, 0)
 		}
 	case r.tracker == nil:
-		r.tracker = newEventTracker(cfg, r.nowFunc == nil)
+		r.tracker = r.newTracker(cfg)
 		st.events = r.tracker
 	default:
 		r.tracker.mu.Lock()
@@ -637,7 +637,77 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 	}
 	r.state.Store(st)
 	if st.events != nil {
-		r.setEvents(st.events, true) // a timer for episodes open while events were off
+		st.events.setTimer(true, r.clock(r.timeNow())) // a timer for episodes open while events were off
 	}
 	return fresh, nil
+}
+
+// newTracker returns the events tracker for cfg (nil without an event function): it
+// reads the RRL's wall clock and, on the default clock, has a timer for its sweep.
+func (r *RRL) newTracker(cfg *Config) *eventTracker {
+	return newEventTracker(cfg, r.nowFunc == nil, r.timeOf, r.eventTick)
+}
+
+// eventTick is the timer's sweep: it reports what is due when no Debit came to do it.
+func (r *RRL) eventTick(ev *eventTracker) {
+	ev.ticked()
+	p := r.state.Load()
+	if p.events != ev { // events are off; Update stopped the timer
+		return
+	}
+	ev.sweep(r.clock(r.timeNow()), &p.shards[0]) // arms the timer again while episodes are open
+}
+
+// transition hands what the debit of account key (in shard s of state p) changed in
+// the limiting episodes to the tracker, with the event an episode that began reports.
+func (r *RRL) transition(p *rrlState, s *shard, key uint64, t transition, now fixed, cn clientNet, kind int, tuple *ResponseTuple, cost fixed) {
+	ev := p.events
+	if ev == nil {
+		return
+	}
+	var e LimitEvent
+	if t.began() != 0 {
+		e.Network = cn.prefix(p)
+		e.ReportOnly = p.report
+		switch kind {
+		case kindRequest:
+			e.Account, e.Limit = AccountRequests, p.reqRate
+		case kindAll:
+			e.Account, e.Limit = AccountAll, p.allRate
+		default:
+			e.Account, e.Category = AccountResponses, tuple.AllowanceCategory
+			e.Limit = p.rates[tuple.AllowanceCategory]
+			switch tuple.AllowanceCategory {
+			case AllowanceAnswer, AllowanceReferral:
+				e.Type = tuple.Type
+				e.Name = strings.Clone(tuple.SalientName)
+			case AllowanceNoData, AllowanceNXDomain:
+				e.Name = strings.Clone(tuple.SalientName)
+			}
+		}
+	}
+	ev.transition(t, key, &p.shards[0], s, cost, now, &e)
+}
+
+// timeOf returns the wall-clock time of an RRL time.
+func (r *RRL) timeOf(t fixed) time.Time {
+	d := time.Duration(fixedNanos(t - clockOffset))
+	if r.nowFunc != nil {
+		return r.epoch.Add(d)
+	}
+	return clockBase.Add(time.Duration(r.epochNanos) + d)
+}
+
+// prefix returns the client network as a prefix.
+func (cn clientNet) prefix(p *rrlState) netip.Prefix {
+	switch cn.fam {
+	case 4:
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(cn.lo >> 24), byte(cn.lo >> 16), byte(cn.lo >> 8), byte(cn.lo)}), p.v4Len)
+	case 6:
+		var b [16]byte
+		binary.BigEndian.PutUint64(b[:8], cn.hi)
+		binary.BigEndian.PutUint64(b[8:], cn.lo)
+		return netip.PrefixFrom(netip.AddrFrom16(b), p.v6Len)
+	}
+	return netip.Prefix{}
 }

@@ -1,9 +1,6 @@
 package rrl
 
 import (
-	"encoding/binary"
-	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,7 +14,9 @@ import (
 // kept in the account's tag (rrl_table.go). Debits of accounts that are not limited, and
 // limited debits of accounts already followed, take no lock here: the first only test
 // the tag's record bits, the second also add one to the record's counter. Only the
-// transitions take the tracker's mutex.
+// transitions take the tracker's mutex. The table calls the tracker through
+// episodeFollower, and the tracker knows the table, not the RRL: the RRL (rrl.go)
+// builds the events' contents and gives it its clock.
 //
 // Start: the first limited debit of an account without a record gets one (or, when all
 // maxTracked records are taken, the untracked mark, and counts as suppressed). The
@@ -50,14 +49,8 @@ const maxTracked = 1024
 // untracked is the tag record of an account being limited without a record.
 const untracked = trackBits >> trackShift
 
-// transition is what a debit changed in the limiting episodes: the index of a record
-// that began (low 16 bits) and of one whose account recovered (high 16 bits).
-type transition uint32
-
-func (t transition) began() uint64 { return uint64(t & 0xffff) }
-func (t transition) ended() uint64 { return uint64(t >> 16) }
-
-// eventTracker follows an RRL's limiting episodes.
+// eventTracker follows an RRL's limiting episodes. wall converts the RRL's times to
+// the wall clock's; tick is the sweep its timer runs.
 type eventTracker struct {
 	next atomic.Uint64 // fixed time of the next sweep
 
@@ -67,6 +60,8 @@ type eventTracker struct {
 	free   []uint16 // unused record indices
 	recs   [maxTracked]trackRecord
 	ticks  eventTicks
+	wall   func(fixed) time.Time
+	tick   func()
 }
 
 // trackRecord is one limiting episode. count is written by debits holding the
@@ -88,7 +83,7 @@ type trackEpisode struct {
 	ended        bool
 	evicted      bool
 	key          uint64
-	state        *rrlState
+	table        *shard // the first shard of the account's table: which table it is
 	shard        *shard
 	cost         fixed
 	start, end   fixed
@@ -96,12 +91,14 @@ type trackEpisode struct {
 }
 
 // newEventTracker returns a tracker for cfg, or nil when cfg sets no event function;
-// timed tells whether it has a timer (the RRL is on the default clock).
-func newEventTracker(cfg *Config, timed bool) *eventTracker {
+// timed tells whether it has a timer (the RRL is on the default clock), which calls
+// tick; wall converts the RRL's times.
+func newEventTracker(cfg *Config, timed bool, wall func(fixed) time.Time, tick func(*eventTracker)) *eventTracker {
 	if cfg.eventFunc == nil {
 		return nil
 	}
-	ev := &eventTracker{fn: cfg.eventFunc, budget: eventBudget{perSec: cfg.eventsPerSec()}}
+	ev := &eventTracker{fn: cfg.eventFunc, budget: eventBudget{perSec: cfg.eventsPerSec()}, wall: wall}
+	ev.tick = func() { tick(ev) }
 	if timed {
 		ev.ticks.after = afterFunc
 	}
@@ -115,18 +112,15 @@ func newEventTracker(cfg *Config, timed bool) *eventTracker {
 // follow is called by a debit, holding the account's entry lock, when the account
 // had a record (old, the tag bits before the debit) or the debit limited it. It counts
 // the debit, notes that the account recovered (charge cleared the record bits) and
-// starts an episode for a limited account without one, setting its record in tag.
-func (ev *eventTracker) follow(tag *uint64, old uint64, limited bool, now fixed) transition {
-	if ev == nil { // events were turned off by Update
-		*tag &^= trackBits
-		return 0
-	}
+// starts an episode for a limited account without one, setting its record in the tag
+// it returns.
+func (ev *eventTracker) follow(tag, old uint64, limited bool, now fixed) (uint64, transition) {
 	idx := old >> trackShift
-	if old != 0 && *tag&trackBits != 0 { // the episode goes on
+	if old != 0 && tag&trackBits != 0 { // the episode goes on
 		if idx != untracked {
 			ev.recs[idx].count.Add(1)
 		}
-		return 0
+		return tag, 0
 	}
 	var t transition
 	if old != 0 && idx != untracked {
@@ -144,20 +138,17 @@ func (ev *eventTracker) follow(tag *uint64, old uint64, limited bool, now fixed)
 			ev.budget.suppressed++
 		}
 		ev.mu.Unlock()
-		*tag |= n << trackShift
+		tag |= n << trackShift
 		if n != untracked {
 			t |= transition(n)
 		}
 	}
-	return t
+	return tag, t
 }
 
-// transition records what the debit of account key (in shard s of state p) changed.
-func (r *RRL) transition(p *rrlState, s *shard, key uint64, t transition, now fixed, cn clientNet, kind int, tuple *ResponseTuple, cost fixed) {
-	ev := p.events
-	if ev == nil {
-		return
-	}
+// transition records what the debit of account key (in shard s of the table whose
+// first shard is table) changed; e is the event an episode that began reports.
+func (ev *eventTracker) transition(t transition, key uint64, table, s *shard, cost, now fixed, e *LimitEvent) {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	if i := t.ended(); i != 0 {
@@ -167,27 +158,9 @@ func (r *RRL) transition(p *rrlState, s *shard, key uint64, t transition, now fi
 	}
 	if i := t.began(); i != 0 {
 		rec := &ev.recs[i]
-		rec.filled, rec.key, rec.state, rec.shard, rec.cost = true, key, p, s, cost
-		e := &rec.ev
-		e.Network = cn.prefix(p)
-		e.ReportOnly = p.report
-		switch kind {
-		case kindRequest:
-			e.Account, e.Limit = AccountRequests, p.reqRate
-		case kindAll:
-			e.Account, e.Limit = AccountAll, p.allRate
-		default:
-			e.Account, e.Category = AccountResponses, tuple.AllowanceCategory
-			e.Limit = p.rates[tuple.AllowanceCategory]
-			switch tuple.AllowanceCategory {
-			case AllowanceAnswer, AllowanceReferral:
-				e.Type = tuple.Type
-				e.Name = strings.Clone(tuple.SalientName)
-			case AllowanceNoData, AllowanceNXDomain:
-				e.Name = strings.Clone(tuple.SalientName)
-			}
-		}
-		r.armLocked(ev, now)
+		rec.filled, rec.key, rec.table, rec.shard, rec.cost = true, key, table, s, cost
+		rec.ev = *e
+		ev.armLocked(now)
 	}
 }
 
@@ -201,14 +174,15 @@ func (ev *eventTracker) endLocked(i uint64, now fixed, evicted bool) {
 
 // sweep reports the events that are due at now and, when the once-a-second sweep is
 // due too, first looks up every followed account to find those that recovered or left
-// the table. Event functions are called after the tracker's mutex is released.
-func (r *RRL) sweep(ev *eventTracker, now fixed) {
+// the table, whose first shard is table now. Event functions are called after the
+// tracker's mutex is released.
+func (ev *eventTracker) sweep(now fixed, table *shard) {
 	if next := ev.next.Load(); uint64(now) >= next && ev.next.CompareAndSwap(next, uint64(now+fixedOne)) {
-		r.checkAccounts(ev, now)
+		ev.checkAccounts(now, table)
 	}
 	ev.mu.Lock()
-	out := ev.dueLocked(now, r)
-	r.armLocked(ev, now)
+	out := ev.dueLocked(now)
+	ev.armLocked(now)
 	fn := ev.fn
 	ev.mu.Unlock()
 	for _, e := range out {
@@ -219,7 +193,7 @@ func (r *RRL) sweep(ev *eventTracker, now fixed) {
 // armLocked arms ev's timer, unless it is armed already or events are off, when an
 // episode is open: for the earliest of the next sweep, the next start due and, when
 // events wait for the per-second bound, the next second. ev.mu is held.
-func (r *RRL) armLocked(ev *eventTracker, now fixed) {
+func (ev *eventTracker) armLocked(now fixed) {
 	if ev.ticks.armed || ev.ticks.off || ev.ticks.after == nil {
 		return
 	}
@@ -246,22 +220,19 @@ func (r *RRL) armLocked(ev *eventTracker, now fixed) {
 	if due > now {
 		d = time.Duration(fixedNanos(due - now))
 	}
-	ev.ticks.arm(d, func() { r.eventTick(ev) })
+	ev.ticks.arm(d, ev.tick)
 }
 
-// eventTick is the timer's sweep: it reports what is due when no Debit came to do it.
-func (r *RRL) eventTick(ev *eventTracker) {
+// ticked notes that the timer went off: it is no longer armed.
+func (ev *eventTracker) ticked() {
 	ev.mu.Lock()
 	ev.ticks.armed = false
 	ev.mu.Unlock()
-	if r.state.Load().events != ev { // events are off; Update stopped the timer
-		return
-	}
-	r.sweep(ev, r.clock(r.timeNow())) // arms the timer again while episodes are open
 }
 
-// setEvents turns ev's timer on (with events on) or off, for Update.
-func (r *RRL) setEvents(ev *eventTracker, on bool) {
+// setTimer turns the timer on (with events on; now is the RRL's time) or off, for
+// Update.
+func (ev *eventTracker) setTimer(on bool, now fixed) {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	if !on {
@@ -269,16 +240,17 @@ func (r *RRL) setEvents(ev *eventTracker, on bool) {
 		return
 	}
 	ev.ticks.off = false
-	r.armLocked(ev, r.clock(r.timeNow()))
+	ev.armLocked(now)
 }
 
 // checkAccounts ends the episodes of followed accounts that are back at full credit,
-// were evicted, or belong to a replaced table.
-func (r *RRL) checkAccounts(ev *eventTracker, now fixed) {
+// were evicted, or belong to a table other than the current one (table, its first
+// shard).
+func (ev *eventTracker) checkAccounts(now fixed, table *shard) {
 	type look struct {
 		i     uint64
 		key   uint64
-		state *rrlState
+		table *shard
 		shard *shard
 		cost  fixed
 	}
@@ -286,21 +258,20 @@ func (r *RRL) checkAccounts(ev *eventTracker, now fixed) {
 	ev.mu.Lock()
 	for i := range ev.recs {
 		if rec := &ev.recs[i]; rec.used && rec.filled && !rec.ended {
-			looks = append(looks, look{uint64(i), rec.key, rec.state, rec.shard, rec.cost})
+			looks = append(looks, look{uint64(i), rec.key, rec.table, rec.shard, rec.cost})
 		}
 	}
 	ev.mu.Unlock()
 	if len(looks) == 0 {
 		return
 	}
-	cur := r.state.Load()
 	type result struct {
 		i       uint64
 		evicted bool
 	}
 	var ended []result
 	for _, l := range looks {
-		if &l.state.shards[0] != &cur.shards[0] { // Update replaced the table
+		if l.table != table { // Update replaced the table
 			ended = append(ended, result{l.i, true})
 			continue
 		}
@@ -318,43 +289,9 @@ func (r *RRL) checkAccounts(ev *eventTracker, now fixed) {
 	ev.mu.Unlock()
 }
 
-const (
-	accountLimited = iota
-	accountRecovered
-	accountGone
-)
-
-// recovered looks up the account key followed by record idx: gone (not in the table,
-// or holding another record: evicted), recovered (back at full credit: its record bits
-// are cleared) or still limited.
-func (s *shard) recovered(key, idx uint64, now, cost fixed) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	slots := s.entries()
-	if len(slots) == 0 {
-		return accountGone
-	}
-	i, t, found := probe(slots, key)
-	if !found || (t&trackBits)>>trackShift != idx {
-		return accountGone
-	}
-	e := &slots[i]
-	tag := lockEntry(e)
-	zero := fixed(e.zero.load())
-	res := accountLimited
-	if tag&trackBits != idx<<trackShift { // changed while we waited
-		res = accountGone
-	} else if zero <= now-max(fixedOne, cost) {
-		tag &^= trackBits
-		res = accountRecovered
-	}
-	e.release(tag, zero)
-	return res
-}
-
 // dueLocked returns the events due at now and frees the records of ended episodes
 // whose events are out.
-func (ev *eventTracker) dueLocked(now fixed, r *RRL) []LimitEvent {
+func (ev *eventTracker) dueLocked(now fixed) []LimitEvent {
 	var out []LimitEvent
 	nanos := fixedNanos(now - clockOffset)
 	for i := range ev.recs {
@@ -369,7 +306,7 @@ func (ev *eventTracker) dueLocked(now fixed, r *RRL) []LimitEvent {
 				if rec.ended {
 					until = rec.end
 				}
-				e.Time = r.timeOf(now)
+				e.Time = ev.wall(now)
 				e.Count = rec.count.Load()
 				e.Rate = rateOver(e.Count, until-rec.start)
 				ev.budget.stamp(&e)
@@ -388,7 +325,7 @@ func (ev *eventTracker) dueLocked(now fixed, r *RRL) []LimitEvent {
 			}
 			e := rec.ev
 			e.Stop = true
-			e.Time = r.timeOf(now)
+			e.Time = ev.wall(now)
 			e.Count = rec.count.Load()
 			e.Duration = time.Duration(fixedNanos(rec.end - rec.start))
 			e.Rate = rateOver(e.Count, rec.end-rec.start)
@@ -411,27 +348,4 @@ func fixedNanos(t fixed) int64 {
 // rateOver is count per d seconds, d at least one second.
 func rateOver(count uint64, d fixed) float64 {
 	return float64(count) / max(d, fixedOne).Float64()
-}
-
-// timeOf returns the wall-clock time of an RRL time.
-func (r *RRL) timeOf(t fixed) time.Time {
-	d := time.Duration(fixedNanos(t - clockOffset))
-	if r.nowFunc != nil {
-		return r.epoch.Add(d)
-	}
-	return clockBase.Add(time.Duration(r.epochNanos) + d)
-}
-
-// prefix returns the client network as a prefix.
-func (cn clientNet) prefix(p *rrlState) netip.Prefix {
-	switch cn.fam {
-	case 4:
-		return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(cn.lo >> 24), byte(cn.lo >> 16), byte(cn.lo >> 8), byte(cn.lo)}), p.v4Len)
-	case 6:
-		var b [16]byte
-		binary.BigEndian.PutUint64(b[:8], cn.hi)
-		binary.BigEndian.PutUint64(b[8:], cn.lo)
-		return netip.PrefixFrom(netip.AddrFrom16(b), p.v6Len)
-	}
-	return netip.Prefix{}
 }

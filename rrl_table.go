@@ -15,7 +15,7 @@ import (
 // An entry is a tag, the account's keyed hash in its upper 48 bits with the slip
 // countdown in the low 4, the entry's lock in bit 4 and, while the account is being
 // limited and limiting events are on, its record in the event tracker in bits 5 to
-// 15 (see events.go), and the account's zero time
+// 15 (see rrl_events.go), and the account's zero time
 // (see charge). Debiting an existing account takes no shard lock: the caller finds the
 // entry by probing and locks the entry alone by setting its lock bit, so two cores
 // serving different clients write no cache line in common. (A shard mutex taken by
@@ -45,6 +45,10 @@ import (
 // to equal balances, the least recently used. An account under attack has the
 // latest zero times of all and is the last to go. The sample makes eviction constant
 // time; the keyed hash keeps an attacker from choosing which slots are sampled.
+
+// clockOffset is added to every time so that zero times, which run up to maxCost
+// (at most 3601 s) behind, stay positive.
+const clockOffset = 4096 * fixedOne
 
 // entry is one account. The tag is read and written atomically by anyone probing;
 // the zero time is written by the holder of the entry's lock (and read, for
@@ -354,17 +358,72 @@ func slip(tag *uint64, ratio uint64) bool {
 // With ev, the event tracker, it also follows limiting episodes: it counts the debits
 // of an account being tracked, reports in t that the account has recovered (ended)
 // and, when a debit limits an account that has no episode going, starts one (began).
-// Without ev, or when neither happens, t is 0.
-func (s *shard) debit(key uint64, now, cost, window fixed, slipRatio uint64, ev *eventTracker) (limited, slipped bool, t transition) {
+// Without ev, or when neither happens, t is 0; without ev the account also loses any
+// record it kept from when events were on.
+func (s *shard) debit(key uint64, now, cost, window fixed, slipRatio uint64, ev episodeFollower) (limited, slipped bool, t transition) {
 	e, tag, fresh := s.acquire(key)
 	zero := fixed(e.zero.load())
 	old := tag & trackBits
 	if limited = charge(&tag, &zero, fresh, now, cost, window); limited {
 		slipped = slip(&tag, slipRatio)
 	}
-	if old != 0 || (limited && ev != nil) {
-		t = ev.follow(&tag, old, limited, now)
+	switch {
+	case ev != nil && (old != 0 || limited):
+		tag, t = ev.follow(tag, old, limited, now)
+	case ev == nil:
+		tag &^= trackBits // events were turned off by Update
 	}
 	e.release(tag, zero)
 	return limited, slipped, t
+}
+
+// episodeFollower is the event tracker (rrl_events.go) as a debit sees it. follow
+// is called holding the account's entry lock when the account had a record (old, the
+// tag's record bits before the debit) or the debit limited it: it returns the tag
+// with the record bits it keeps, and what began or ended. Its arguments are values,
+// so that the call lets the tag stay on the stack.
+type episodeFollower interface {
+	follow(tag, old uint64, limited bool, now fixed) (uint64, transition)
+}
+
+// transition is what a debit changed in the limiting episodes: the index of a record
+// that began (low 16 bits) and of one whose account recovered (high 16 bits).
+type transition uint32
+
+func (t transition) began() uint64 { return uint64(t & 0xffff) }
+func (t transition) ended() uint64 { return uint64(t >> 16) }
+
+// What recovered found of a followed account.
+const (
+	accountLimited = iota
+	accountRecovered
+	accountGone
+)
+
+// recovered looks up the account key followed by record idx: gone (not in the table,
+// or holding another record: evicted), recovered (back at full credit: its record bits
+// are cleared) or still limited.
+func (s *shard) recovered(key, idx uint64, now, cost fixed) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slots := s.entries()
+	if len(slots) == 0 {
+		return accountGone
+	}
+	i, t, found := probe(slots, key)
+	if !found || (t&trackBits)>>trackShift != idx {
+		return accountGone
+	}
+	e := &slots[i]
+	tag := lockEntry(e)
+	zero := fixed(e.zero.load())
+	res := accountLimited
+	if tag&trackBits != idx<<trackShift { // changed while we waited
+		res = accountGone
+	} else if zero <= now-max(fixedOne, cost) {
+		tag &^= trackBits
+		res = accountRecovered
+	}
+	e.release(tag, zero)
+	return res
 }
