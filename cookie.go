@@ -91,26 +91,18 @@ type cookieKeys struct {
 }
 
 // Cookies makes and verifies interoperable DNS server cookies (RFC 7873, with the
-// construction of RFC 9018): version 1, three reserved bytes, a 32-bit timestamp
-// in seconds compared by serial-number arithmetic (so it survives 2106), and an
-// 8-byte SipHash-2-4 over client cookie | version | reserved | timestamp | client
-// address, keyed by a CookieSecret. A cookie made by BIND, Knot, PowerDNS or
-// another RFC 9018 implementation with the same secret verifies here and the other
-// way round.
+// SipHash-2-4 construction of RFC 9018, keyed by a CookieSecret): a cookie made by
+// BIND, Knot, PowerDNS or another RFC 9018 implementation with the same secret
+// verifies here and the other way round.
 //
 // To rotate secrets across an anycast set without rejecting cookies, first give every
 // server the new secret as an extra accepted one (SetPrevious), then make it the
 // current one everywhere (Rotate, which keeps the old one accepted), and after an
-// hour or more forget the old one (ClearPrevious). Cookies verified with the previous
-// secret are reported as CookieValidReissue so the client gets one made with the
-// current secret.
-//
-// Filter.UseCookies gives a kernel filter the same secrets; SetPrevious, Rotate and
-// ClearPrevious then reach every such filter before they return.
+// hour or more forget the old one (ClearPrevious). Filter.UseCookies gives a kernel
+// filter the same secrets, and these calls reach it before they return.
 //
 // Make one with NewCookies (the zero value has no secret and panics). The methods
-// are safe for concurrent use; Verify and appendCookie do not lock and do not
-// allocate.
+// are safe for concurrent use; Verify does not lock and does not allocate.
 type Cookies struct {
 	keys atomic.Pointer[cookieKeys]
 

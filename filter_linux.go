@@ -16,17 +16,11 @@ import (
 // Filter is the kernel side of rrl on one or more UDP sockets: the eBPF request
 // limiter (ModeEBPF) or, where eBPF may not be loaded, the classic-BPF prefilter
 // (ModeClassic). Every socket attached through one Filter shares its limits and
-// sketches, so the sockets of a SO_REUSEPORT group hold one limit together.
+// sketches, so the sockets of a SO_REUSEPORT group hold one limit together. Its maps
+// take about 1.3 MiB of kernel memory whatever the traffic (docs/kernel-filter.md).
 //
-// Its maps take about 1.3 MiB of kernel memory whatever the traffic: the sketches
-// (768 KiB), the settings (three entries of 8.3 KiB, mostly the reflection-port
-// bitmap: a header and two slots, see filter_settings.go), the limited groups (an LRU hash
-// of 4096 entries, about 510 KiB preallocated, see LimitedGroups), per-CPU counters
-// (1.4 KiB per CPU) and two small exempt-prefix tries.
-//
-// With the Config keyword capacity on, a Filter this process loaded (not one opened
-// from pins) runs the capacity controller in a goroutine of its own until Close
-// (see Config and CapacityStats); a pinned filter gets its one controller from the
+// With the Config keyword capacity on, a Filter this process loaded runs the
+// capacity controller until Close; a pinned filter gets its one controller from the
 // process that calls RunCapacity (rrlctl control).
 //
 // A Filter is safe for concurrent use.

@@ -16,20 +16,16 @@ import (
 
 // RRL is a response rate limiter: it keeps the response accounts and per-client
 // request accounts of BIND's rate-limit clause and judges every response with Debit.
+// Every account holds a balance of seconds of credit: a debit costs 1/allowance
+// seconds, the balance earns back one second per second between -window and one
+// second, and a response whose debit leaves it negative is limited.
+// docs/response-accounts.md has how accounts are keyed and charged, and where this
+// differs from markdingo/rrl.
 //
-// Every account holds a balance of seconds of credit. A debit costs 1/allowance
-// seconds; the balance earns back one second per second, never exceeds one second
-// (or one debit's cost, for an allowance below 1) and never falls below -window. A
-// response whose debit leaves its account negative is limited. See the package documentation for the keys of accounts and the
-// differences from markdingo/rrl.
-//
-// An RRL is safe for concurrent use by many goroutines. Debit takes no lock shared
-// by all accounts: debiting an existing account locks that account alone, and
-// statistics are counted per processor, so calls for different client networks
-// proceed in parallel. Update changes the settings while Debit calls go on, keeping
-// the accounts. With Config.SetEventFunc it reports when it starts and stops limiting
-// an account (LimitEvent; see rrl_events.go for when). Create it with New or NewRRL;
-// the zero value is not usable.
+// An RRL is safe for concurrent use: calls for different client networks proceed in
+// parallel, and Update changes the settings while they go on, keeping the accounts.
+// With Config.SetEventFunc it reports when it starts and stops limiting an account
+// (LimitEvent). Create it with New or NewRRL; the zero value is not usable.
 type RRL struct {
 	state atomic.Pointer[rrlState] // settings and table, replaced by Update
 
