@@ -839,6 +839,18 @@ func parsePorts(s string) ([]uint16, error) {
 // shown as cookie-secret [redacted] when configured. Tools print it.
 func (c *Config) Values() [][2]string { return c.pairs(true) }
 
+// String returns the configuration as keyword=value pairs, the form SetValue takes.
+func (c *Config) String() string {
+	var b strings.Builder
+	for i, kv := range c.Values() {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%q", kv[0], kv[1])
+	}
+	return b.String()
+}
+
 // configPairs returns keyword, value pairs that, applied with SetValue to NewConfig()
 // in order, give a Config equal to c (but for its clock and its cookie secret, which
 // is left out: the pinned filter stores these pairs as text).

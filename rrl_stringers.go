@@ -2,7 +2,6 @@ package rrl
 
 import (
 	"fmt"
-	"strings"
 )
 
 // The names below are the constants' own, as markdingo/rrl prints them, so logs and
@@ -47,18 +46,6 @@ var rtReasonNames = [...]string{"RTOk", "RTNotConfigured", "RTNotReached", "RTRa
 // String formats the tuple as class/type, category and salient name.
 func (t *ResponseTuple) String() string {
 	return fmt.Sprintf("%d/%d %s sn=%s", t.Class, t.Type, t.AllowanceCategory, t.SalientName)
-}
-
-// String returns the configuration as keyword=value pairs, the form SetValue takes.
-func (c *Config) String() string {
-	var b strings.Builder
-	for i, kv := range c.Values() {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		fmt.Fprintf(&b, "%s=%q", kv[0], kv[1])
-	}
-	return b.String()
 }
 
 // The name tables must cover every constant.
