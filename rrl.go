@@ -435,7 +435,9 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	}
 done:
 	if ev != nil && (trans.ended() != 0 || uint64(now) >= ev.next.Load()) {
-		ev.sweep(now, &p.shards[0])
+		// The table in force now, not p's: an Update since this Debit began must not
+		// make the episodes of the new table look like those of a replaced one.
+		ev.sweep(now, &r.state.Load().shards[0])
 	}
 	would := act
 	if p.report {
