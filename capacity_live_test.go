@@ -42,6 +42,7 @@ const (
 	capCgroupRoot   = "/sys/fs/cgroup/cpu"
 	capPeriodMicros = 10000
 	capQuotaMicros  = 1500
+	capShares       = 16 * 1024
 )
 
 // capStatus is one status line of the server child.
@@ -149,7 +150,12 @@ func newCapLive(t *testing.T) *capLive {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(cg) })
-	for file, v := range map[string]int{"cpu.cfs_period_us": capPeriodMicros, "cpu.cfs_quota_us": capQuotaMicros} {
+	// The quota caps the server; its weight (cpu.shares, 1024 for every other task
+	// on the machine) puts it first in line whenever it has work and quota left, so
+	// that other work on the machine (go test builds and runs other packages side by
+	// side) delays it less: its capacity stays the quota's, and its queue does not
+	// overflow while it waits for a core.
+	for file, v := range map[string]int{"cpu.cfs_period_us": capPeriodMicros, "cpu.cfs_quota_us": capQuotaMicros, "cpu.shares": capShares} {
 		if err := os.WriteFile(filepath.Join(cg, file), []byte(strconv.Itoa(v)), 0); err != nil {
 			t.Fatal(err)
 		}
