@@ -282,11 +282,17 @@ func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVe
 	if decider < 0 {
 		return limiterVerdict{Allowed: true, node: -1}
 	}
-	st.limited[decider].Add(1)
+	return st.refuse(p, decider)
+}
+
+// refuse counts a packet node n of p refused (in report-only mode also as passed on
+// report) and returns its verdict.
+func (st *statShard) refuse(p *limiterParams, n int) limiterVerdict {
+	st.limited[n].Add(1)
 	if p.reportOnly {
 		st.report.Add(1)
 	}
-	return limiterVerdict{Allowed: p.reportOnly, Limited: p.name[decider], node: int8(decider)}
+	return limiterVerdict{Allowed: p.reportOnly, Limited: p.name[n], node: int8(n)}
 }
 
 // allowProven is Allow for a query whose valid server cookie proves its source
@@ -346,11 +352,7 @@ func (l *Limiter) decideProvenAt(src netip.AddrPort, now int64, rand uint32) lim
 		st.proven.Add(1)
 		return limiterVerdict{Allowed: true, node: -1}
 	}
-	st.limited[n].Add(1)
-	if p.reportOnly {
-		st.report.Add(1)
-	}
-	return limiterVerdict{Allowed: p.reportOnly, Limited: p.name[n], node: int8(n)}
+	return st.refuse(p, n)
 }
 
 // maskIPv4 keeps the first bits bits of the IPv4 address a (its low 32 bits).
