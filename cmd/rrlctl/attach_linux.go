@@ -25,9 +25,16 @@ import (
 // defaultAttachPin is the pin directory attach and detach use without -pin: one per
 // listen address, not per process, so that re-attaching to a restarted server (which
 // has new sockets) with the same command finds the same filter, its configuration and
-// its sketches.
+// its sketches. bpffs allows no '.' in a name, so every character of the address
+// but letters, digits and '-' becomes '_': 127_0_0_1 (three underscores, never two
+// in a row) cannot be an IPv6 address's name, which has seven or a "__".
 func defaultAttachPin(local netip.AddrPort) string {
-	addr := strings.NewReplacer(":", "_", "%", "_", "/", "_").Replace(local.Addr().String())
+	addr := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '_'
+	}, local.Addr().String())
 	return fmt.Sprintf("/sys/fs/bpf/rrl-%s-%d", addr, local.Port())
 }
 

@@ -97,7 +97,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if len(args) > 1 {
 			for _, c := range commands {
 				if c.name == args[1] {
-					newFlagSet(c, &cli{}, stdout).Usage()
+					// The command defines its flags as it runs: run it with -h,
+					// which prints them all and acts on nothing.
+					cl := &cli{stdout: stdout, stderr: stdout}
+					c.run(cl, newFlagSet(c, cl, stdout), []string{"-h"})
 					return exitOK
 				}
 			}
@@ -144,7 +147,7 @@ func newFlagSet(c *command, cl *cli, w io.Writer) *flag.FlagSet {
 	cl.pinOptional = c.pinOptional
 	usage := "rrlctl " + c.name + " -pin DIR " + c.args
 	if c.pinOptional {
-		fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs (default /sys/fs/bpf/rrl-ADDR-PORT, IPv6 colons as _)")
+		fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs (default /sys/fs/bpf/rrl-ADDR-PORT, the address's dots and colons as _)")
 		usage = "rrlctl " + c.name + " " + c.args
 	} else {
 		fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs, e.g. /sys/fs/bpf/rrl (required)")
