@@ -216,11 +216,6 @@ func preparePinDir(dir string) (created bool, err error) {
 		}
 		return false, err
 	}
-	if base := filepath.Base(filepath.Clean(dir)); strings.Contains(base, ".") {
-		// bpffs refuses such names with EPERM, even to root: say so rather than
-		// let the error blame permissions.
-		return false, fmt.Errorf("rrl: create pin directory %s: bpffs allows no '.' in a name (%q)", dir, base)
-	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if isPermission(err) {
 			return false, fmt.Errorf("rrl: create pin directory %s: %w for uid %d: %w", dir, ErrNotPermitted, os.Geteuid(), err)
@@ -290,6 +285,10 @@ func checkBPFFS(path string) error {
 		switch {
 		case errors.Is(err, unix.ENOENT):
 			return fmt.Errorf("rrl: pin directory %s does not exist: %w", path, fs.ErrNotExist)
+		case isPermission(err) && dottedOnBPFFS(path):
+			// bpffs refuses to look up or create such names, even for root: say
+			// so rather than blame permissions.
+			return fmt.Errorf("rrl: pin directory %s: %w: bpffs allows no '.' in a name (%q)", path, fs.ErrInvalid, filepath.Base(filepath.Clean(path)))
 		case isPermission(err):
 			return accessError(path, err)
 		}
@@ -299,6 +298,15 @@ func checkBPFFS(path string) error {
 		return fmt.Errorf("rrl: %s: %w", path, ErrNotMounted)
 	}
 	return nil
+}
+
+// dottedOnBPFFS reports whether path's last element has a dot and its parent is on
+// bpffs, which refuses such names.
+func dottedOnBPFFS(path string) bool {
+	path = filepath.Clean(path)
+	var st unix.Statfs_t
+	return strings.Contains(filepath.Base(path), ".") &&
+		unix.Statfs(filepath.Dir(path), &st) == nil && uint32(st.Type) == unix.BPF_FS_MAGIC
 }
 
 // Unpin removes the pins LoadPinned made in pinDir, and pinDir itself if LoadPinned

@@ -35,8 +35,11 @@ func defaultAttachPin(local netip.AddrPort) string {
 		}
 		return '_'
 	}, local.Addr().String())
-	return fmt.Sprintf("/sys/fs/bpf/rrl-%s-%d", addr, local.Port())
+	return fmt.Sprintf("%s/rrl-%s-%d", defaultPinRoot, addr, local.Port())
 }
+
+// defaultPinRoot is the bpffs the default pin directories are in; tests use their own.
+var defaultPinRoot = "/sys/fs/bpf"
 
 // targetFlags are the flags attach and detach share.
 type targetFlags struct {
