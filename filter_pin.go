@@ -50,6 +50,10 @@ const maxPinID = 1<<32 - 2
 // there could replace the pins with its own. OpenPinned, AttachPinned and Unpin
 // check the same. bpffs allows no '.' in a name, so pinDir's own name has none.
 //
+// A cookie-secret in cfg is written into the filter's rrl_cookie_secrets, and the
+// kernel verifies server cookies made with it from the start (see UseCookies); it is
+// never stored with the Config the pins keep.
+//
 // It needs CAP_BPF (or root) and, for the ownership, CAP_CHOWN. Nothing keeps
 // running: the pins hold the filter until Unpin.
 func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
@@ -111,7 +115,13 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 	if f.seed, err = randomSeed(); err != nil {
 		return err
 	}
-	if err := f.writeSettings(f.cfg); err != nil {
+	var secrets *cookieKeys
+	if cfg.secrets != nil {
+		// The Config's cookie-secret: the kernel verifies cookies made with it
+		// from the first packet on.
+		secrets = keysOf(cfg.secrets)
+	}
+	if err := f.writeSettingsSecrets(f.cfg, secrets); err != nil {
 		return err
 	}
 	objects := map[string]interface{ Pin(string) error }{

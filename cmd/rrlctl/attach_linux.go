@@ -160,8 +160,7 @@ are not applied.`,
 		a := &attachment{pin: c.pin, conns: conns, socks: socks, saved: saved, state: make([]string, len(conns))}
 		err = a.attach(f)
 		if err == nil && !created && len(*kw) > 0 {
-			cfg, _ := kw.config(f.Config())
-			if err = f.Update(cfg); err != nil {
+			if err = kw.apply(f); err != nil {
 				err = fmt.Errorf("apply the keyword flags to %s: %w", c.pin, err)
 			}
 		}
@@ -175,6 +174,12 @@ are not applied.`,
 			a.report(c.stdout, a.failureHead(t.pid))
 			return errors.Join(err, undoErr)
 		}
+		cookies := ""
+		if kw.secret() || kw.clearsSecret() {
+			if st, err := f.Stats(); err == nil {
+				cookies = cookieLine(st.CookieSecrets) + "\n"
+			}
+		}
 		closeAll(conns)
 		f.Release() // the filter stays on the server's sockets
 		verb := "attached the filter pinned in"
@@ -182,7 +187,7 @@ are not applied.`,
 			verb = "loaded and attached the filter pinned in"
 		}
 		a.report(c.stdout, fmt.Sprintf("%s %s to %d socket(s) of process %d", verb, c.pin, len(socks), t.pid))
-		fmt.Fprintf(c.stdout, "if the server restarts, run this command again with its new PID\n")
+		fmt.Fprintf(c.stdout, "%sif the server restarts, run this command again with its new PID\n", cookies)
 		return nil
 	},
 }
