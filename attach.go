@@ -37,6 +37,10 @@ import (
 //
 // In report-only mode the filter counts what it would drop (FilterStats.ReportOnly
 // and the per-reason counters) and passes everything.
+//
+// A cookie-secret in cfg is written into the eBPF filter, which then passes queries
+// with a valid server cookie made with it as UseCookies describes; Config never
+// returns it.
 func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	if cfg == nil {
 		cfg = NewConfig()
@@ -48,8 +52,9 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rrl: attach filter: %w", err)
 	}
-	f := &Filter{cfg: cfg.clone()}
-	loadErr := f.loadAndAttach(conn, id)
+	// The filter keeps no secret in its Config: Config never returns one.
+	f := &Filter{cfg: cfg.withoutSecrets().clone()}
+	loadErr := f.loadAndAttach(conn, id, cfg.secrets)
 	if loadErr == nil {
 		f.mu.Lock()
 		f.capacityUpdated() // capacity_linux.go
@@ -69,12 +74,16 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 // loadAndAttach loads the eBPF filter and attaches it to conn, leaving f in ModeEBPF,
 // or returns why not with everything it made released. The error matches
 // ErrNotPermitted, ErrNotSupported, ErrOptMem or ErrLoadFailed.
-func (f *Filter) loadAndAttach(conn syscall.Conn, id socketID) error {
+func (f *Filter) loadAndAttach(conn syscall.Conn, id socketID, cs *configSecrets) error {
 	objs, err := loadKernel()
 	if err == nil {
 		f.objs = objs
 		if f.seed, err = randomSeed(); err == nil {
-			err = f.writeSettings(f.cfg)
+			var secrets *cookieKeys
+			if cs != nil {
+				secrets = keysOf(cs)
+			}
+			err = f.writeSettingsSecrets(f.cfg, secrets)
 		}
 		if err == nil {
 			err = f.attachEBPF(conn, id)
@@ -151,6 +160,16 @@ func (f *Filter) Attach(conn syscall.Conn) error {
 // In classic mode each socket holds a program of its own: Update puts the new one on
 // every socket f is on, through any descriptor of it open in this process (as Close
 // does), all or nothing again, and the error names a socket it could not reach.
+//
+// A cookie-secret in cfg replaces the eBPF filter's server cookie secrets (a pinned
+// filter's for every process), written last before the new configuration takes
+// effect; without one they stay. Naming one secret keeps the secret it replaces
+// accepted, as Cookies.Rotate does (naming the one in force alone stops accepting
+// the previous one); naming two sets both. Keeping the one in force means reading
+// it, which a pinned filter's pins allow root alone: others name both, or get an
+// error matching ErrNotPermitted. A filter that follows a Cookies (UseCookies) takes
+// its secrets from it, and a cookie-secret is refused (ErrNotSupported). The
+// classic prefilter verifies no cookies and ignores it.
 func (f *Filter) Update(cfg *Config) error {
 	if f == nil {
 		return ErrClosed
@@ -163,7 +182,14 @@ func (f *Filter) Update(cfg *Config) error {
 	defer f.mu.Unlock()
 	switch f.mode {
 	case ModeEBPF:
-		if err := f.writeSettings(cfg); err != nil {
+		var secrets *cookieKeys
+		if cfg.secrets != nil {
+			var err error
+			if secrets, err = f.updateSecrets(cfg.secrets); err != nil {
+				return err
+			}
+		}
+		if err := f.writeSettingsSecrets(cfg, secrets); err != nil {
 			return err
 		}
 	case ModeClassic:
@@ -173,7 +199,7 @@ func (f *Filter) Update(cfg *Config) error {
 	default:
 		return ErrClosed
 	}
-	f.cfg = cfg
+	f.cfg = cfg.withoutSecrets()
 	f.capacityUpdated() // capacity_linux.go
 	return nil
 }

@@ -526,6 +526,10 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 func (c *Config) SetValue(keyword, value string) error {
 	k, ok := lookupKeyword(keyword)
 	if !ok {
+		if cs, err := parseSecrets(value); err == nil && cs != nil {
+			// A misspelt cookie-secret: its value is a secret all the same.
+			value = redacted
+		}
 		return &ConfigError{Keyword: keyword, Value: value, Reason: "unknown keyword"}
 	}
 	// Parse into a copy so that a refused value leaves c unchanged.

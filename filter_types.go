@@ -91,7 +91,13 @@ type FilterStats struct {
 	Errors            uint64 // internal failures (passed)
 	CookiePassed      uint64 // passed on a valid server cookie, judged only in their address's level (Filter.UseCookies)
 	CookieInvalid     uint64 // carried a server cookie that did not verify: judged as without one
-	Nodes             []NodeStats
+	// CookieSecrets is how many server cookie secrets the eBPF filter verifies
+	// cookies with: 0 (it looks at no cookie), 1, or 2 (a previous one accepted
+	// too). Never the secrets themselves. For a pinned filter it is what the
+	// writers of this library recorded with the pins (rrl_cookie_secrets itself is
+	// write-only).
+	CookieSecrets int
+	Nodes         []NodeStats
 	// Capacity reports the capacity mode (Config keyword capacity), nil when it is
 	// off. With it on, a level's Limit is the water level times its factor during
 	// an overload and its static limit otherwise (2^32 for none).

@@ -299,13 +299,14 @@ func (p *Protection) newFilter(conn syscall.Conn) (*Filter, error) {
 			p.pinned = p.opts.pinDir
 		} else {
 			pinErr := err
-			f, err = Attach(conn, p.cfg)
+			f, err = Attach(conn, p.cfg.withoutSecrets())
 			if err == nil || f != nil {
 				err = errors.Join(fmt.Errorf("rrl: attach pinned filter: %w", pinErr), err)
 			}
 		}
 	} else {
-		f, err = Attach(conn, p.cfg)
+		// The secrets reach the filter from p.cookies (useFilterCookies).
+		f, err = Attach(conn, p.cfg.withoutSecrets())
 	}
 	p.reason = err // a pinned filter that failed may leave a filter of our own
 	if f == nil {
@@ -514,7 +515,7 @@ func (p *Protection) takeOver(pred *Protection, f *Filter) error {
 			return err
 		}
 	}
-	if err := f.Update(p.cfg); err != nil {
+	if err := f.Update(p.cfg.withoutSecrets()); err != nil {
 		return err
 	}
 	p.filter = f
@@ -524,7 +525,7 @@ func (p *Protection) takeOver(pred *Protection, f *Filter) error {
 		// replace: give it back its Config and secrets.
 		pred.mu.Lock()
 		if pred.filter == f {
-			f.Update(pred.cfg)
+			f.Update(pred.cfg.withoutSecrets())
 			pred.useFilterCookies()
 		}
 		pred.mu.Unlock()
@@ -851,7 +852,8 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 		return false, ErrClosed
 	}
 	if p.filter != nil {
-		if err := p.filter.Update(cfg); err != nil {
+		// The secrets reach the filter from p.cookies, below.
+		if err := p.filter.Update(cfg.withoutSecrets()); err != nil {
 			return false, fmt.Errorf("rrl: update kernel filter: %w", err)
 		}
 	}
