@@ -450,7 +450,7 @@ func TestUpdateCloseRace(t *testing.T) {
 			}
 			return protUpdate(p, capOn(t, "2000")), p.Close, closedProtection(p)
 		}},
-		{name: "kernel filter: Filter Update and Close", bpf: true, pairs: 150, make: func(t *testing.T) (func() error, func() error, func() error) {
+		{name: "kernel filter: Filter Update and Close", bpf: true, pairs: 100, make: func(t *testing.T) (func() error, func() error, func() error) {
 			f, err := Attach(loopbackUDP(t), NewConfig())
 			if err != nil {
 				t.Fatal(err)
