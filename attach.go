@@ -129,7 +129,7 @@ func (f *Filter) Attach(conn syscall.Conn) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.mode == ModeNone {
+	if f.mode == ModeNone || f.closing {
 		return ErrClosed
 	}
 	id, err := identify(conn)
@@ -180,6 +180,9 @@ func (f *Filter) Update(cfg *Config) error {
 	cfg = cfg.clone()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.closing {
+		return ErrClosed // Close has begun
+	}
 	switch f.mode {
 	case ModeEBPF:
 		var secrets *cookieKeys
@@ -264,7 +267,7 @@ func (f *Filter) close(detach bool) error {
 	if f == nil {
 		return nil
 	}
-	f.stopCapacity() // capacity_linux.go
+	f.closeCapacity() // capacity_linux.go
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error

@@ -36,6 +36,9 @@ type Filter struct {
 	pin      *pinState         // opened from pins (filter_pin.go): Close leaves the pins in place
 	cookies  *kernelCookies    // the secrets of UseCookies (filter_cookies.go)
 	capacity filterCapacity    // the capacity controller (capacity_linux.go)
+	// closing: Close has begun. Set under mu as Close takes the capacity controller
+	// to stop it; from then on none starts, and Update and Attach refuse.
+	closing bool
 }
 
 // writeSettings makes cfg the configuration the kernel runs (filter_settings.go): it checks
@@ -190,7 +193,8 @@ func (f *Filter) refreshPinnedConfig() bool {
 	if err != nil {
 		return false
 	}
-	cfg.nowFunc = f.cfg.nowFunc
+	// The clock and the event function are this process's, not the pins'.
+	cfg.nowFunc, cfg.eventFunc = f.cfg.nowFunc, f.cfg.eventFunc
 	f.cfg = cfg
 	return true
 }

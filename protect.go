@@ -63,6 +63,9 @@ type Protection struct {
 	done          bool
 	watch         *kernelWatch // the eBPF filter's limiting events; nil without that filter
 	capacity      *capacityRun // the Go Limiter's capacity controller (capacity_go.go), under limMu
+	// capClosed: Close has begun, under limMu; from then on no controller starts
+	// (startCapacity), whatever an Update or a first query racing Close does.
+	capClosed bool
 }
 
 // heldSocket is one UDP socket a Protection protects.
@@ -886,9 +889,13 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 
 // Close detaches the kernel filter the Protection holds (see Filter.Close) and
 // frees it; a filter a successor took over (AttachLocal) is the successor's and
-// stays. Shut the servers down first; the sockets are the servers' to close.
+// stays. Shut the servers down first; the sockets are the servers' to close. Nothing
+// the Protection started runs once Close has returned (the capacity controllers,
+// the watch of the kernel's limiting events, the timers of the RRL's and the Go
+// Limiter's events), except an event function under way, which may be what called
+// Close: it returns when the function does.
 func (p *Protection) Close() error {
-	p.stopCapacity() // capacity_go.go; before the locks: it waits for the controller
+	p.stopCapacity() // capacity_go.go; before the locks: it may wait for the controller
 	holders.Lock()
 	defer holders.Unlock()
 	p.mu.Lock()
@@ -896,6 +903,12 @@ func (p *Protection) Close() error {
 	p.done = true
 	delete(holders.open, p)
 	p.stopWatch()
+	// Queries a server still drains report their events as they come, but no timer
+	// reports any once Close has returned.
+	p.rrl.stopEventTicks()
+	if l := p.limiter.Load(); l != nil {
+		l.stopEventTicks()
+	}
 	f := p.filter
 	if f == nil || holders.m[f] != p {
 		return nil
@@ -909,9 +922,9 @@ func (p *Protection) Close() error {
 }
 
 // startCapacity starts the controller of p's Go Limiter l when p's Config has
-// capacity on; p.limMu is held.
+// capacity on, unless Close has begun; p.limMu is held.
 func (p *Protection) startCapacity(l *Limiter) {
-	if l == nil || p.limCfg.capacity == 0 || p.capacity != nil {
+	if l == nil || p.limCfg.capacity == 0 || p.capacity != nil || p.capClosed {
 		return
 	}
 	src := &limiterCapacity{l: l, conns: p.capacitySockets}
@@ -940,7 +953,7 @@ func (p *Protection) updateCapacity(cfg *Config) {
 	switch {
 	case l == nil:
 	case p.capacity != nil && cfg.capacity == 0:
-		close(p.capacity.stop)
+		p.capacity.halt()
 		l.capacity.Store(nil)
 		p.capacity = nil
 	case p.capacity != nil:
@@ -950,10 +963,13 @@ func (p *Protection) updateCapacity(cfg *Config) {
 	}
 }
 
-// stopCapacity ends p's controller and waits for it. Neither p.mu nor p.limMu may
-// be held: the controller reads p's sockets under p.mu.
+// stopCapacity is Close's part: from now on no controller starts for p, and the one
+// running ends; it waits for it unless it is in the event function, which may be
+// what called Close (capacityRun.halt). Neither p.mu nor p.limMu may be held: the
+// controller reads p's sockets under p.mu.
 func (p *Protection) stopCapacity() {
 	p.limMu.Lock()
+	p.capClosed = true
 	r := p.capacity
 	p.capacity = nil
 	p.limMu.Unlock()

@@ -640,6 +640,16 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 	return fresh, nil
 }
 
+// stopEventTicks turns the events' timer off (a Protection's Close): events come
+// only with Debit calls from now on, until an Update turns the timer on again.
+func (r *RRL) stopEventTicks() {
+	r.updateMu.Lock()
+	defer r.updateMu.Unlock()
+	if r.tracker != nil {
+		r.tracker.setTimer(false, 0)
+	}
+}
+
 // newTracker returns the events tracker for cfg (nil without an event function): it
 // reads the RRL's wall clock and, on the default clock, has a timer for its sweep.
 func (r *RRL) newTracker(cfg *Config) *eventTracker {
