@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"encoding/json"
+	"go/format"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,6 +73,10 @@ func TestReadmeQuickStart(t *testing.T) {
 	dep := readmeSection(t, "Depending on rrl")
 	steps := firstCodeBlock(t, dep, "sh")
 	lines := firstCodeBlock(t, dep, "")
+
+	if formatted, err := format.Source([]byte(program)); err != nil || string(formatted) != program {
+		t.Errorf("the quick start is not gofmt'ed (%v)", err)
+	}
 
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(program), 0o644); err != nil {
