@@ -62,7 +62,7 @@ func TestDocumentedGoMod(t *testing.T) {
 			lines = b
 		}
 	}
-	for _, want := range []string{"replace github.com/dnsrake/rrl => ", "replace github.com/dnsrake/rrl/coredns => ", "require github.com/dnsrake/rrl/coredns "} {
+	for _, want := range []string{"replace github.com/dnsrake/rrl => ", "replace github.com/dnsrake/rrl/coredns => ", "require github.com/dnsrake/rrl/coredns ", "require github.com/dnsrake/rrl "} {
 		if !strings.Contains(lines, want) {
 			t.Fatalf("the README's go.mod lines lack %q:\n%s", want, lines)
 		}

@@ -42,7 +42,7 @@ block() {
 # commands in the CoreDNS tree, 4 the go.mod lines they leave.
 cfgline=$(block 2)
 commands=$(block 3)
-modlines=$(block 4 | sed '/^$/d')
+modlines=$(block 4 | sed -e '/^$/d' -e 's# // indirect$##')
 case $cfgline in
 rrl:*) ;;
 *) echo "README: the second block is not a plugin.cfg line: $cfgline" >&2; exit 1 ;;
