@@ -31,9 +31,10 @@ import (
 // and discard every packet for which Limiter.Allow(source) is false, right after
 // reading it (Protect does all of this).
 //
-// Attach returns a nil Filter only when conn is not a UDP socket or even the classic
-// prefilter could not be attached; every method of a nil Filter is safe and does
-// nothing, so `defer f.Close()` right after Attach is always safe.
+// Attach returns a nil Filter only when conn is not an open UDP socket (nil, closed,
+// TCP, ...: the error says which) or even the classic prefilter could not be
+// attached; every method of a nil Filter is safe and does nothing, so `defer
+// f.Close()` right after Attach is always safe.
 //
 // In report-only mode the filter counts what it would drop (FilterStats.ReportOnly
 // and the per-reason counters) and passes everything.
@@ -45,7 +46,7 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	if cfg == nil {
 		cfg = NewConfig()
 	}
-	if err := sockopt.Control(conn, checkUDPSocket); err != nil {
+	if err := checkUDP(conn); err != nil {
 		return nil, fmt.Errorf("rrl: attach filter: %w", err)
 	}
 	id, err := identify(conn)
@@ -131,6 +132,9 @@ func (f *Filter) Attach(conn syscall.Conn) error {
 	defer f.mu.Unlock()
 	if f.mode == ModeNone || f.closing {
 		return ErrClosed
+	}
+	if err := checkUDP(conn); err != nil {
+		return fmt.Errorf("rrl: attach filter: %w", err)
 	}
 	id, err := identify(conn)
 	if err != nil {

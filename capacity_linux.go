@@ -375,6 +375,11 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 	if f == nil {
 		return ErrClosed
 	}
+	for i, c := range conns {
+		if err := checkUDP(c); err != nil {
+			return fmt.Errorf("rrl: run capacity controller: socket %d: %w", i, err)
+		}
+	}
 	r, k, lock, err := f.startPinnedCapacity(conns)
 	if err != nil {
 		return err

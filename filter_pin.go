@@ -376,6 +376,9 @@ func Unpin(pinDir string) error {
 // path and the user) when a pin may not be opened, ErrLayoutMismatch when the pins
 // were made by a library with another map layout.
 func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) {
+	if err := checkUDP(conn); err != nil {
+		return nil, fmt.Errorf("rrl: attach pinned filter: %w", err)
+	}
 	f, err := OpenPinned(pinDir)
 	if err != nil {
 		return nil, err

@@ -180,8 +180,8 @@ var errFilterOff = errors.New("rrl: kernel filter turned off (WithoutFilter)")
 // instead: in the server's reader for the servers UDPServer and AddUDP return, in the
 // Handler for any other server; either way requests-per-second applies once to each
 // UDP query, and to TCP queries through response rate limiting. Status says which.
-// Protect fails only when cfg is invalid or udp cannot be protected at all (not a UDP
-// socket).
+// Protect fails only when cfg is invalid or udp cannot be protected at all: nil (as
+// a failed net.ListenUDP returns it), closed, or not a UDP socket.
 //
 // Server cookies are on unless WithoutCookies is given, made with cfg's
 // cookie-secret or WithCookies' Cookies, else a random secret, and the eBPF
@@ -814,11 +814,14 @@ func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 	if per == 0 {
 		per = tcplimit.DefaultConnsPerClient
 	}
-	t := tcplimit.LimitListener(l, per)
-	p.mu.Lock()
-	p.tcp = append(p.tcp, t)
-	p.mu.Unlock()
-	srv := &dns.Server{Listener: t, Handler: p.handler, ReadTimeout: tcpReadTimeout}
+	srv := &dns.Server{Handler: p.handler, ReadTimeout: tcpReadTimeout}
+	if !isNil(l) { // else ActivateAndServe fails with miekg/dns's "bad listeners"
+		t := tcplimit.LimitListener(l, per)
+		p.mu.Lock()
+		p.tcp = append(p.tcp, t)
+		p.mu.Unlock()
+		srv.Listener = t
+	}
 	p.handler.ConfigureServer(srv)
 	return srv
 }
