@@ -248,6 +248,7 @@ type serverConfig struct {
 // server is a running authserver.
 type server struct {
 	addr       string // host:port of both transports
+	udp        *net.UDPConn
 	protection *rrl.Protection
 	rrl        *rrl.RRL
 	filter     *rrl.Filter
@@ -268,7 +269,7 @@ func startServer(c serverConfig) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{addr: udp.LocalAddr().String(), errc: make(chan error, 3)}
+	s := &server{addr: udp.LocalAddr().String(), udp: udp, errc: make(chan error, 3)}
 	var zone dns.Handler = c.zone
 	if c.observe {
 		s.observer = new(observer)

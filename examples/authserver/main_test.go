@@ -367,12 +367,15 @@ func TestDemo(t *testing.T) {
 	legitSent, legitAnswered := rows["queries sent"], rows["answered"]
 	floodSent, limited, reached := rows["packets sent"], rows["dropped by the request limiter"], rows["reached response rate limiting"]
 	sendN, slipN, dropN := rows["answered in full (Send)"], rows["slipped: truncated, TC=1 (Slip)"], rows["not answered (Drop)"]
+	// Packets that found the server's receive queue full (a loaded machine) reach
+	// neither row; the count holds any legitimate ones too, so it bounds from above.
+	lost := rows["lost: the server's receive queue was full"]
 	// 4 resolvers at 20 queries per second for 2 s; 3000 flood packets per second.
 	if legitSent < 100 || float64(legitAnswered) < 0.99*float64(legitSent) {
 		t.Errorf("legitimate: %d of %d answered, want 99%%", legitAnswered, legitSent)
 	}
-	if floodSent < 3000 || limited+reached != floodSent || sendN+slipN+dropN != reached {
-		t.Errorf("flood rows do not add up: sent %d = limited %d + reached %d; reached = %d + %d + %d", floodSent, limited, reached, sendN, slipN, dropN)
+	if floodSent < 3000 || limited+reached > floodSent || limited+reached+lost < floodSent || sendN+slipN+dropN != reached {
+		t.Errorf("flood rows do not add up: sent %d = limited %d + reached %d (+ up to %d lost in the receive queue); reached = %d + %d + %d", floodSent, limited, reached, lost, sendN, slipN, dropN)
 	}
 	// The request limiter trims the victim network to about 100 per second (a
 	// burst passes while its estimate builds up); RRL answers about 5 per
