@@ -1,7 +1,7 @@
 package rrl
 
 import (
-		"fmt"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/netip"
