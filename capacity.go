@@ -99,7 +99,7 @@ const (
 	// capacityGain is how far under the served rate R goes per unit of occupancy
 	// over the target: higher drains a standing queue sooner and makes R follow
 	// the occupancy's noise more.
-	capacityGain = 0.5
+	capacityGain = 0.25
 	// capacityRise is how fast R grows, per second in the logarithm, while the
 	// queues run empty under the limits: faster regains a server that got faster
 	// sooner and overshoots into the queue more before the occupancy shows it.

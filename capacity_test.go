@@ -216,6 +216,7 @@ type simSource struct {
 	from, to time.Duration
 	addr     func(r *rand.Rand) netip.AddrPort
 	proven   bool // with a valid server cookie: judged at its own address only
+	regular  bool // arrivals evenly spaced, not Poisson
 }
 
 // subnet24 draws sources from one /24, random host and port.
@@ -275,7 +276,13 @@ type simResult struct {
 	sent, served map[string][]int
 	overflow     []int     // per second
 	served1s     []int     // all sources, per second of service
-	possible     []float64 // what the server could have read, per second
+	// Per tenth of a second: what each source sent and got answered (by send
+	// time), the queries lost to the full queue, what the server read and what it
+	// could have read.
+	sentTenth, servedTenth map[string][]int
+	overflowTenth          []int
+	readTenth              []int
+	possible               []float64
 	level        []float64 // the water level at each sample
 	levelAt      []time.Duration
 	overloaded   []bool
@@ -302,10 +309,13 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 	ctrl := newCapacityController(s.configured)
 	r := rand.New(rand.NewPCG(5, 6))
 	secs := int(dur/time.Second) + 1
-	res := &simResult{sent: map[string][]int{}, served: map[string][]int{}, overflow: make([]int, secs), served1s: make([]int, secs), possible: make([]float64, secs), limiter: l, ctrl: ctrl}
+	res := &simResult{sent: map[string][]int{}, served: map[string][]int{}, overflow: make([]int, secs), served1s: make([]int, secs), limiter: l, ctrl: ctrl,
+		sentTenth: map[string][]int{}, servedTenth: map[string][]int{}, overflowTenth: make([]int, 10*secs), readTenth: make([]int, 10*secs), possible: make([]float64, 10*secs)}
 	for _, src := range sources {
 		res.sent[src.name] = make([]int, secs)
 		res.served[src.name] = make([]int, secs)
+		res.sentTenth[src.name] = make([]int, 10*secs)
+		res.servedTenth[src.name] = make([]int, 10*secs)
 	}
 	type queued struct {
 		src  int
@@ -316,6 +326,9 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 	next := make([]float64, len(sources)) // next arrival, seconds
 	for i, src := range sources {
 		next[i] = src.from.Seconds() + r.ExpFloat64()/src.rate
+		if src.regular {
+			next[i] = src.from.Seconds() + r.Float64()/src.rate
+		}
 	}
 	var in capacityInput
 	var scratch capacityScratch
@@ -342,9 +355,14 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 			}
 			src := &sources[i]
 			at := int64(next[i] * 1e9)
-			next[i] += r.ExpFloat64() / src.rate
+			if src.regular {
+				next[i] += 1 / src.rate
+			} else {
+				next[i] += r.ExpFloat64() / src.rate
+			}
 			sec := int(at / 1e9)
 			res.sent[src.name][sec]++
+			res.sentTenth[src.name][at/1e8]++
 			in.Demand++
 			if src.proven {
 				in.fixed++
@@ -357,6 +375,7 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 			if len(queue)-head >= s.queueLen {
 				in.Overflow++
 				res.overflow[sec]++
+				res.overflowTenth[at/1e8]++
 				continue
 			}
 			if head > 0 && len(queue) == cap(queue) {
@@ -389,7 +408,7 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 			rate *= s.speed(time.Duration(now))
 		}
 		if reading {
-			res.possible[int(now/1e9)] += rate * tick.Seconds()
+			res.possible[now/1e8] += rate * tick.Seconds()
 			tokens = min(tokens+rate*tick.Seconds(), rate*tick.Seconds()+1)
 			for tokens >= 1 && head < len(queue) {
 				q := queue[head]
@@ -397,7 +416,9 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 				tokens--
 				in.Served++
 				res.served[sources[q.src].name][int(q.sent/1e9)]++
+				res.servedTenth[sources[q.src].name][q.sent/1e8]++
 				res.served1s[int(now/1e9)]++
+				res.readTenth[now/1e8]++
 			}
 			if head == len(queue) {
 				tokens = min(tokens, 1) // an idle server saves nothing up
