@@ -274,8 +274,8 @@ func dip(from, to time.Duration, share float64) func(time.Duration) float64 {
 // simResult is what each source sent and got answered, per second of send time.
 type simResult struct {
 	sent, served map[string][]int
-	overflow     []int     // per second
-	served1s     []int     // all sources, per second of service
+	overflow     []int // per second
+	served1s     []int // all sources, per second of service
 	// Per tenth of a second: what each source sent and got answered (by send
 	// time), the queries lost to the full queue, what the server read and what it
 	// could have read.
@@ -283,12 +283,12 @@ type simResult struct {
 	overflowTenth          []int
 	readTenth              []int
 	possible               []float64
-	level        []float64 // the water level at each sample
-	levelAt      []time.Duration
-	overloaded   []bool
-	limiter      *Limiter
-	ctrl         *capacityController
-	limits       [][numNodes]fixed // the limits in force at each sample
+	level                  []float64 // the water level at each sample
+	levelAt                []time.Duration
+	overloaded             []bool
+	limiter                *Limiter
+	ctrl                   *capacityController
+	limits                 [][numNodes]fixed // the limits in force at each sample
 }
 
 // run simulates dur with 1 ms steps.
