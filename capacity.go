@@ -17,7 +17,7 @@ package rrl
 // (what the server is to read per second), at every sample:
 //
 //	q >= q0:  R = s * (1 - k*(q - q0))
-//	q <  q0:  R = min(R * exp(g * (q0 - q)/q0 * dt), 2*max(s, a))   (while limiting)
+//	q <  q0:  R = min(R * exp(g * (q0 - q)/q0 * dt), 2*max(s, a))
 //
 // with q the queues' mean occupancy over the window (a sample that overflowed counts
 // as full), q0 = capacityQueueTarget, s the rate the server read over the window, a
@@ -28,7 +28,8 @@ package rrl
 // drains to q0, and a little over while below. While the queue is under its target
 // the server could read more than it is given: R rises, by up to g a second when the
 // queue runs empty (a probe, as BBR's, that stops when the queue stands again), and
-// never above twice what passes (no wind-up while the limits do not bind). Nothing
+// never above twice what passes (no wind-up while the limits do not bind), and
+// never under capacityFloor of the arrivals (a stalled server). Nothing
 // else is remembered: every sample's evidence replaces the last, so a slow moment
 // moves R only as long as it lasts, and a faster server shows at once (its standing
 // queue drains faster) or by the rise.
@@ -116,6 +117,11 @@ const (
 	// measured admission per read: small, so that noise in one read moves the
 	// level little, and the queue loop, not this, carries the fast changes.
 	capacityCorrection = 0.2
+	// capacityFloor is the least share of the arrivals R admits: a server that
+	// stalls (reads nothing) would take R to 0, and with the Go limiter, whose
+	// reads count only once passed, nothing would then show it reading again. Higher
+	// keeps more of a flood through a stall; lower trims harder while it lasts.
+	capacityFloor = 0.05
 	// capacityMinLevel is the lowest water level, in queries per second per unit
 	// of factor: the solver's floor.
 	capacityMinLevel = 1e-3
@@ -501,18 +507,19 @@ func (c *capacityController) regulate(secs float64, start bool) {
 	}
 	served, passed, q, _ := c.window()
 	err := q - capacityQueueTarget
+	floor := capacityFloor * c.demand
 	if err >= 0 || start {
-		c.rate = served * (1 - capacityGain*err)
+		c.rate = max(served*(1-capacityGain*err), floor)
 		return
 	}
-	rise := c.rate * math.Exp(capacityRise*(-err/capacityQueueTarget)*secs)
-	c.rate = min(max(served*(1-capacityGain*err), rise), max(c.rate, 2*max(served, passed)))
+	rise := max(c.rate, floor) * math.Exp(capacityRise*(-err/capacityQueueTarget)*secs)
+	c.rate = min(max(served*(1-capacityGain*err), rise), max(c.rate, 2*max(served, passed, floor)))
 }
 
 // solve sets the water level at which the sketches' model admits R less the fixed
 // load, corrected by what the limits measured to admit.
 func (c *capacityController) solve(now int64) {
-	target := max(c.rate-c.fixed, 0.05*c.rate)
+	target := max(c.rate-c.fixed, capacityFloor*c.rate)
 	c.target = target
 	if c.aimed == 0 {
 		c.aimed = target
@@ -552,7 +559,8 @@ func (c *capacityController) entering() bool {
 // exiting reports whether the overload ends: arrivals have stayed below
 // capacityExitBelow of R, with the queues under their target, for capacityExitHold.
 func (c *capacityController) exiting(now int64) bool {
-	low := c.demand < capacityExitBelow*c.rate
+	// At most: a server that stalled has an R of 0, and nothing may arrive after.
+	low := c.demand <= capacityExitBelow*c.rate
 	if low && c.configured <= 0 {
 		_, _, q, standing := c.window()
 		low = !standing && q < capacityQueueTarget
