@@ -160,14 +160,10 @@ func (r *capacityRun) run(src capacitySource, clock func() int64) {
 		cfg := r.cfg
 		r.mu.Unlock()
 		if cfg.capacity != configured {
-			// Auto and configured capacities measure differently: start afresh,
-			// keeping a measured capacity when it stays measured.
-			measured := ctrl.capacity
+			// Another capacity: start afresh (the controller keeps nothing
+			// that the next samples do not give it again).
 			configured = cfg.capacity
 			ctrl = newCapacityController(configured)
-			if configured <= 0 {
-				ctrl.capacity = measured
-			}
 		}
 		r.step(ctrl, src, clock(), cfg)
 		t.Reset(ctrl.sampleEvery())
