@@ -441,10 +441,10 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		}
 	}
 done:
-	if fol != nil && (trans.ended() != 0 || uint64(now) >= p.events.next.Load()) {
+	if ev := p.events; ev != nil && (trans.ended() != 0 || uint64(now) >= ev.next.Load()) {
 		// The table in force now, not p's: an Update since this Debit began must not
 		// make the episodes of the new table look like those of a replaced one.
-		p.events.sweep(now, &r.state.Load().shards[0])
+		ev.sweep(now, &r.state.Load().shards[0])
 	}
 	would := act
 	if p.report {
