@@ -266,7 +266,7 @@ func TestLiveReportOnlyUpdateClose(t *testing.T) {
 	}
 	run = runLive(t, srv, f, heavy(41002), 3*time.Second)
 	// The sketches carried the flood's rate over, so limiting is at once in force.
-	if got := run.admitted(0, 500*time.Millisecond, 3*time.Second); !within(got, 1500, 0.10) {
+	if got := run.admitted(t, 0, 500*time.Millisecond, 3*time.Second); !within(got, 1500, 0.10) {
 		t.Errorf("after Update to 1500: admitted %.0f pps", got)
 	}
 
@@ -390,7 +390,7 @@ func TestLiveExemptClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	run = runLive(t, srv, f, flood(41202), 2*time.Second)
-	if got := run.admitted(0, time.Second, 2*time.Second); !within(got, 500, 0.15) {
+	if got := run.admitted(t, 0, time.Second, 2*time.Second); !within(got, 500, 0.15) {
 		t.Errorf("after removing the exemption: %.0f pps delivered, want the limit 500", got)
 	}
 }
