@@ -305,6 +305,9 @@ func (f *Filter) secretsInForce() (*cookieKeys, error) {
 		defer rm.Close()
 		m = rm
 	}
+	if m == nil {
+		return nil, nil // objects loaded without the secrets map (tests' programs) hold none
+	}
 	var v filterCookieSecrets
 	if err := m.Lookup(uint32(0), &v); err != nil {
 		return nil, fmt.Errorf("rrl: read cookie secrets: %w", err)
