@@ -428,3 +428,48 @@ func BenchmarkNameClassify(b *testing.B) {
 		l.classify(&q, learnT0)
 	}
 }
+
+// TestNameLearnerConcurrent: responses observed and queries classified from several
+// goroutines at once (run with -race): the names answered by every goroutine are
+// known afterwards, whatever races lost on the way.
+func TestNameLearnerConcurrent(t *testing.T) {
+	z := newTestZone()
+	for i := range 64 {
+		z.exists[fmt.Sprintf("n%d.victim.test.", i)] = true
+	}
+	l := mustLearner(t)
+	now := uint64(learnT0)
+	done := make(chan struct{})
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			r := rand.New(rand.NewPCG(uint64(g), 9))
+			var q qname
+			for i := range 2000 {
+				name := fmt.Sprintf("n%d.victim.test.", r.IntN(64))
+				if i%3 == 0 {
+					name = randomLabel(r) + ".victim.test."
+				}
+				m, w := z.answer(name, dns.TypeA)
+				l.observe(m, w, now+uint64(i))
+				qnameOf(name, l.seed, &q)
+				l.classify(&q, now+uint64(i))
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	// Every name once more, from one goroutine: now all are known.
+	for i := range 64 {
+		z.learn(l, now+5000, fmt.Sprintf("n%d.victim.test.", i))
+	}
+	for i := range 64 {
+		if c, _ := classifyName(t, l, fmt.Sprintf("n%d.victim.test.", i), now+5000); !c.known || c.zone != nameKeyOf(t, l.seed, "victim.test.") {
+			t.Errorf("n%d.victim.test.: %+v", i, c)
+		}
+	}
+	if n := l.names.occupied(now+5000, 0); n != 64 {
+		t.Errorf("%d names, want 64", n)
+	}
+}
