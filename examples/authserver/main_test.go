@@ -231,13 +231,13 @@ func TestZoneFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte(zoneText), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	z, err := openZone(&options{zoneFile: file, origin: "other.test"})
+	zs, err := openZones([]zoneArg{{file: file, origin: "other.test"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	q := new(dns.Msg)
 	q.SetQuestion("www.other.test.", dns.TypeA)
-	if m, _ := z.answer(q); len(m.Answer) != 1 || !m.Authoritative {
+	if m, _ := zs.zones[0].answer(q); len(zs.zones) != 1 || len(m.Answer) != 1 || !m.Authoritative {
 		t.Errorf("answer from the zone file: %v", m)
 	}
 	for _, bad := range []string{
@@ -251,7 +251,7 @@ func TestZoneFile(t *testing.T) {
 			t.Errorf("zone accepted:\n%s", bad)
 		}
 	}
-	if _, err := openZone(&options{zoneFile: filepath.Join(dir, "missing")}); err == nil {
+	if _, err := openZones([]zoneArg{{file: filepath.Join(dir, "missing")}}); err == nil {
 		t.Error("missing zone file accepted")
 	}
 }
