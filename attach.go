@@ -18,9 +18,10 @@ import (
 // prefilter there instead and returns the Filter in ModeClassic together with an
 // error that says why, for which errors.Is holds with one of:
 //
-//   - ErrNotPermitted: no CAP_BPF. The message says how to get the eBPF filter: grant
-//     CAP_BPF (setcap cap_bpf+ep), attach before dropping privileges (the attached
-//     filter keeps working), or attach objects a privileged step pinned (AttachPinned).
+//   - ErrNotPermitted: no CAP_BPF and CAP_PERFMON. The message says how to get the eBPF
+//     filter: grant both (setcap cap_bpf,cap_perfmon+ep), attach before dropping
+//     privileges (the attached filter keeps working), or attach objects a privileged
+//     step pinned (AttachPinned).
 //   - ErrOptMem: the socket's option memory (net.core.optmem_max) cannot hold the
 //     program; the message names the setting.
 //   - ErrNotSupported: the kernel is too old or lacks a helper the program calls.
@@ -103,7 +104,8 @@ func (f *Filter) loadAndAttach(conn syscall.Conn, id socketID, cs *configSecrets
 			return err
 		}
 	}
-	return &sysError{op: "rrl: load eBPF filter", sentinel: ErrLoadFailed, err: err}
+	// The errors of the steps above name their step already.
+	return &sysError{sentinel: ErrLoadFailed, err: err}
 }
 
 func (f *Filter) attachEBPF(conn syscall.Conn, id socketID) error {

@@ -160,10 +160,10 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	for _, v := range sum[counterLimited0 : counterLimited0+numLimited] {
 		limited += v
 	}
-	stateless := sum[counterDropShort] + sum[counterDropResponse] + sum[counterDropReflection]
+	stateless := sum[counterDropUnfollowed] + sum[counterDropShort] + sum[counterDropResponse] + sum[counterDropReflection]
 	in.Now = now
 	in.Demand = sum[counterSeen] - stateless
-	in.fixed = sum[counterNotDNS] + sum[counterExempt] + sum[counterCookiePassed]
+	in.fixed = sum[counterExempt] + sum[counterCookiePassed]
 	in.Admitted = subFloor(in.Demand, in.fixed+limited)
 	in.Overflow = k.queues.account(subFloor(sum[counterSeen], sum[counterPassed]))
 	in.Served = subFloor(sum[counterPassed], in.Overflow)

@@ -15,8 +15,13 @@
 // chosen by skb->protocol, not by the socket's family, because a dual-stack AF_INET6
 // socket also receives IPv4 packets.
 //
-// Any internal failure (a map lookup that fails, a header that cannot be read) passes
-// the packet: the filter must never drop legitimate traffic through its own fault.
+// Every packet is judged or dropped. One the parser cannot follow to a UDP header
+// (more IPv6 extension headers than it walks, a later fragment, a protocol other
+// than UDP, headers cut short) is dropped, counted in COUNTER_DROP_UNFOLLOWED: on a
+// UDP socket it is in a form no resolver sends (docs/kernel-filter.md says why), and
+// passing it unjudged would let any sender past every limit. An internal failure (a
+// map lookup that fails) passes the packet: the filter must never drop legitimate
+// traffic through its own fault.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -28,6 +33,17 @@
 #include <bpf/bpf_endian.h>
 
 char __license[] SEC("license") = "Dual BSD/GPL";
+
+// The verifier and least privilege. The program loads for a process with CAP_BPF and
+// CAP_PERFMON (TestAttachLeastPrivilege), not with CAP_BPF alone: for a process
+// without CAP_PERFMON the verifier masks every instruction that adds a register to a
+// pointer against Spectre v1, one mask per instruction, and refuses one that sees a
+// different constant on different paths (clang makes those out of loops over arrays
+// and out of the merged increments of count); and once a pointer moves by an unknown
+// value (the reflection-port bitmap, the decay table, the limited counters, the
+// cookie scan) it compares states exactly, stops pruning, and runs out of its million
+// instructions. Attach therefore asks for CAP_PERFMON too (verifierTrusts in
+// filter_objects.go).
 
 #define LAYOUT_VERSION 9
 
@@ -121,7 +137,7 @@ struct settings {
 enum counter {
 	COUNTER_SEEN,
 	COUNTER_PASSED,
-	COUNTER_NOT_DNS,          // not UDP, or a later fragment: passed unjudged
+	COUNTER_DROP_UNFOLLOWED,  // headers the parser cannot follow to UDP (see parse)
 	COUNTER_DROP_SHORT,
 	COUNTER_DROP_RESPONSE,
 	COUNTER_DROP_REFLECTION,
@@ -425,8 +441,10 @@ struct packet {
 
 enum parse_result {
 	PARSE_OK,
-	PARSE_NOT_DNS,  // not UDP or no UDP header in this packet: pass unjudged
-	PARSE_ERROR,    // a header could not be read: pass
+	// The headers cannot be followed to a UDP header: not IPv4 or IPv6, not UDP,
+	// a later fragment, more IPv6 extension headers than MAX_IPV6_EXT_HEADERS, or a
+	// header cut short. Such a packet is dropped (see the top of the file).
+	PARSE_UNFOLLOWED,
 };
 
 static __always_inline int load_net(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
@@ -503,7 +521,7 @@ static __always_inline int parse_fast(struct __sk_buff *skb, struct packet *p)
 		if (load_net(skb, 0, &h, sizeof(h)) || h.ip.ihl != 5)
 			return -1;
 		if (h.ip.protocol != IPPROTO_UDP || (h.ip.frag_off & bpf_htons(0x1fff)))
-			return PARSE_NOT_DNS;
+			return PARSE_UNFOLLOWED;
 		p->v4 = 1;
 		p->hi = 0;
 		p->lo = bpf_ntohl(h.ip.saddr);
@@ -522,7 +540,7 @@ static __always_inline int parse_fast(struct __sk_buff *skb, struct packet *p)
 		p->dns_off = sizeof(h.ip) + sizeof(h.udp);
 		return PARSE_OK;
 	}
-	return PARSE_NOT_DNS;
+	return PARSE_UNFOLLOWED;
 }
 
 // parse_general is the general parser: IPv4 options, IPv6 extension headers,
@@ -535,19 +553,19 @@ static __noinline int parse_general(struct __sk_buff *skb, struct packet *p)
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		struct iphdr ip;
 		if (load_net(skb, 0, &ip, sizeof(ip)))
-			return PARSE_ERROR;
+			return PARSE_UNFOLLOWED;
 		if (ip.protocol != IPPROTO_UDP || (ip.frag_off & bpf_htons(0x1fff)))
-			return PARSE_NOT_DNS;
+			return PARSE_UNFOLLOWED;
 		off = ip.ihl * 4;
 		if (off < sizeof(ip))
-			return PARSE_ERROR;
+			return PARSE_UNFOLLOWED;
 		p->v4 = 1;
 		p->hi = 0;
 		p->lo = bpf_ntohl(ip.saddr);
 	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr ip6;
 		if (load_net(skb, 0, &ip6, sizeof(ip6)))
-			return PARSE_ERROR;
+			return PARSE_UNFOLLOWED;
 		__u8 next = ip6.nexthdr;
 		off = sizeof(ip6);
 		// Walk the extension headers that may precede UDP.
@@ -559,11 +577,11 @@ static __noinline int parse_general(struct __sk_buff *skb, struct packet *p)
 			    next != IPPROTO_AH)
 				break;
 			if (load_net(skb, off, ext, sizeof(ext)))
-				return PARSE_ERROR;
+				return PARSE_UNFOLLOWED;
 			if (next == IPPROTO_FRAGMENT) {
 				// Only the first fragment carries the UDP header.
 				if (((ext[2] << 8) | ext[3]) & 0xfff8)
-					return PARSE_NOT_DNS;
+					return PARSE_UNFOLLOWED;
 				off += 8;
 			} else if (next == IPPROTO_AH) {
 				off += ((__u32)ext[1] + 2) * 4;
@@ -572,24 +590,26 @@ static __noinline int parse_general(struct __sk_buff *skb, struct packet *p)
 			}
 			next = ext[0];
 		}
+		// Still an extension header after MAX_IPV6_EXT_HEADERS, or an upper layer
+		// other than UDP.
 		if (next != IPPROTO_UDP)
-			return PARSE_NOT_DNS;
+			return PARSE_UNFOLLOWED;
 		set_ipv6_source(p, &ip6);
 	} else {
-		return PARSE_NOT_DNS;
+		return PARSE_UNFOLLOWED;
 	}
 
 	struct udphdr udp;
 	if (load_net(skb, off, &udp, sizeof(udp)))
-		return PARSE_ERROR;
+		return PARSE_UNFOLLOWED;
 	struct dns_header dns = {};
 	set_udp(p, &udp, dns.b);
 	p->dns_off = off + sizeof(udp);
 	if (p->dns_len >= DNS_HEADER_LEN) {
 		if (load_net(skb, p->dns_off, &dns, DNS_HEADER_LEN))
-			return PARSE_ERROR;
+			return PARSE_UNFOLLOWED;
 	} else if (p->dns_len >= 3 && load_net(skb, p->dns_off, &dns, 3)) {
-		return PARSE_ERROR;
+		return PARSE_UNFOLLOWED;
 	}
 	p->dns_flags = dns.b[2];
 	set_counts(p, &dns);
@@ -697,6 +717,12 @@ enum cookie_verdict {
 // looks, else the offset of the option's data from the end of the DNS header in the
 // low 16 bits and the option's length (capped at 255) above them.
 //
+// The question and the OPT record's fixed part are read from one load of the first
+// COOKIE_SCAN bytes after the header, each option's header from the packet where it
+// is: so a cookie is found anywhere in an OPT record of any length (a padded query's
+// OPT ends well past byte 512). Reading the options from the scan too, where they
+// lie within it, would save a load per option but doubles the paths the verifier
+// walks with every option, beyond its limit.
 static __always_inline __u32 find_cookie(struct __sk_buff *skb, __u32 dns_off, __u32 dns_len)
 {
 	__u32 zero = 0;
@@ -705,7 +731,8 @@ static __always_inline __u32 find_cookie(struct __sk_buff *skb, __u32 dns_off, _
 		return 0;
 	// Indexes are 64-bit: the verifier keeps the bounds of a 64-bit register
 	// through the checks, not those of a 32-bit one zero-extended into a copy.
-	__u64 n = dns_len - DNS_HEADER_LEN;
+	__u64 len = dns_len - DNS_HEADER_LEN; // the message after its header
+	__u64 n = len;
 	if (n > COOKIE_SCAN)
 		n = COOKIE_SCAN;
 	barrier_var(n);
@@ -736,15 +763,17 @@ name_end:
 		return 0;
 	__u64 o = i + OPT_FIXED_LEN;
 	__u64 end = o + ((__u64)b[i + 9] << 8 | b[i + 10]);
-	if (end > n)
+	if (end > len)
 		return 0;
 #pragma clang loop unroll(disable)
 	for (int k = 0; k < MAX_OPTIONS; k++) {
 		if (o + 4 > end)
 			return 0;
-		o &= COOKIE_SCAN_MASK;
-		__u64 code = (__u64)b[o] << 8 | b[o + 1];
-		__u64 olen = (__u64)b[o + 2] << 8 | b[o + 3];
+		__u8 h[4];
+		if (load_net(skb, dns_off + DNS_HEADER_LEN + o, h, sizeof(h)))
+			return 0;
+		__u64 code = (__u64)h[0] << 8 | h[1];
+		__u64 olen = (__u64)h[2] << 8 | h[3];
 		if (code == COOKIE_OPTION) {
 			if (o + 4 + olen > end)
 				return 0;
@@ -949,12 +978,9 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 	switch (parse(skb, &p)) {
 	case PARSE_OK:
 		break;
-	case PARSE_NOT_DNS:
-		count(c, COUNTER_NOT_DNS);
-		goto pass;
 	default:
-		count(c, COUNTER_ERROR);
-		goto pass;
+		count(c, COUNTER_DROP_UNFOLLOWED);
+		goto drop;
 	}
 
 	// Stateless checks: what can never be a query to this server.

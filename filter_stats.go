@@ -22,7 +22,7 @@ func (f *Filter) Stats() (FilterStats, error) {
 	if err != nil {
 		return st, fmt.Errorf("rrl: read counters: %w", err)
 	}
-	st.Seen, st.Passed, st.NotDNS = sum[counterSeen], sum[counterPassed], sum[counterNotDNS]
+	st.Seen, st.Passed, st.NotDNS = sum[counterSeen], sum[counterPassed], sum[counterDropUnfollowed]
 	st.DroppedShort, st.DroppedResponse, st.DroppedReflection = sum[counterDropShort], sum[counterDropResponse], sum[counterDropReflection]
 	st.Exempt, st.ReportOnly, st.Errors = sum[counterExempt], sum[counterReportOnly], sum[counterError]
 	st.CookiePassed, st.CookieInvalid = sum[counterCookiePassed], sum[counterCookieInvalid]

@@ -75,14 +75,14 @@ func (m FilterMode) String() string {
 // FilterStats are a request limiter's counters since it was made: the kernel
 // filter's (Filter.Stats, summed over CPUs) or the Go Limiter's (Limiter.Stats, Mode
 // ModeNone, without the checks only the kernel makes). Every packet counts in Seen
-// and then in Passed or in one reason counter (DroppedShort, DroppedResponse,
-// DroppedReflection, or a node's Limited). In report-only mode a packet counted
+// and then in Passed or in one reason counter (NotDNS, DroppedShort,
+// DroppedResponse, DroppedReflection, or a node's Limited). In report-only mode a packet counted
 // under a reason is also counted in ReportOnly and Passed, since nothing is withheld.
 type FilterStats struct {
 	Mode              FilterMode
 	Seen              uint64 // packets judged
 	Passed            uint64 // packets delivered to the socket
-	NotDNS            uint64 // not UDP, or later IP fragments: passed unjudged
+	NotDNS            uint64 // dropped: headers the filter cannot follow to UDP (docs/kernel-filter.md)
 	DroppedShort      uint64 // shorter than a DNS header and a minimal question
 	DroppedResponse   uint64 // QR bit set: responses reflected at the server
 	DroppedReflection uint64 // from a reflection-ports source port

@@ -112,7 +112,7 @@ var reasons = []reason{
 	{"reflection ports", "dropped_reflection", true, func(s rrl.FilterStats) uint64 { return s.DroppedReflection }},
 	{"exempt (passed)", "exempt", false, func(s rrl.FilterStats) uint64 { return s.Exempt }},
 	{"report-only (passed)", "report_only", false, func(s rrl.FilterStats) uint64 { return s.ReportOnly }},
-	{"not DNS (passed)", "not_dns", false, func(s rrl.FilterStats) uint64 { return s.NotDNS }},
+	{"not DNS (dropped)", "not_dns", false, func(s rrl.FilterStats) uint64 { return s.NotDNS }},
 	{"errors (passed)", "errors", false, func(s rrl.FilterStats) uint64 { return s.Errors }},
 	{"valid cookie (passed)", "cookie_passed", false, func(s rrl.FilterStats) uint64 { return s.CookiePassed }},
 	{"invalid cookie", "cookie_invalid", false, func(s rrl.FilterStats) uint64 { return s.CookieInvalid }},
