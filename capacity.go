@@ -19,8 +19,9 @@ package rrl
 //	q >= q0:  R = s * (1 - k*(q - q0))
 //	q <  q0:  R = min(R * exp(g * (q0 - q)/q0 * dt), 2*max(s, a))
 //
-// with q the queues' mean occupancy over the window (a sample that overflowed counts
-// as full), q0 = capacityQueueTarget, s the rate the server read over the window, a
+// with q the queues' standing occupancy, the least over the window, or the last
+// sample's when that is over capacityQueueHigh (a sample that overflowed counts as
+// full; see window), q0 = capacityQueueTarget, s the rate the server read over the window, a
 // the rate the limiter passed, k = capacityGain and g = capacityRise. While the
 // queue stands the server reads as fast as it can, so s is what it can serve at
 // that moment, the bottleneck rate as BBR takes it from delivery: R follows it at
@@ -91,20 +92,27 @@ const (
 	// and the occupancy are taken: longer smooths a server that reads in bursts (a
 	// CPU quota's period, a GC) and reacts later.
 	capacityWindow = 4
-	// capacityQueueTarget is the occupancy the queues are held at under overload,
-	// a share of their buffers: higher keeps the server busy through more of its
-	// own jitter (a faster moment drains the standing queue instead of idling the
-	// server) and leaves less room before a slower moment overflows it; it also
-	// delays every answer by its share of the buffer.
-	capacityQueueTarget = 0.3
+	// capacityQueueTarget is the standing occupancy the queues are held at under
+	// overload, a share of their buffers: higher keeps the server busy through
+	// more of its own jitter (a faster moment drains the standing queue instead
+	// of idling the server) and leaves less room before a slower moment overflows
+	// it; it also delays every answer by its share of the buffer.
+	capacityQueueTarget = 0.25
+	// capacityQueueHigh is the occupancy of one sample over which the law acts on
+	// that sample alone rather than on the window's standing queue: lower cuts R
+	// on the peaks of a bursty reader (idling it), higher leaves a server that
+	// slowed less of its buffer before it overflows (a 256-packet buffer holds
+	// about 20 ms at 12,000 queries a second, under a window).
+	capacityQueueHigh = 0.5
 	// capacityGain is how far under the served rate R goes per unit of occupancy
 	// over the target: higher drains a standing queue sooner and makes R follow
 	// the occupancy's noise more.
 	capacityGain = 0.25
 	// capacityRise is how fast R grows, per second in the logarithm, while the
 	// queues run empty under the limits: faster regains a server that got faster
-	// sooner and overshoots into the queue more before the occupancy shows it.
-	capacityRise = 1.5
+	// sooner (a ±30% jitter every 100 ms needs about 4: 10% in 25 ms) and
+	// overshoots into the queue more before the occupancy shows it.
+	capacityRise = 4
 	// capacityExitBelow and capacityExitHold: the overload ends once arrivals stay
 	// below this share of R for this long. Closer to 1 or shorter lifts the limits
 	// sooner after a flood, and flaps more when a flood hovers around R.
@@ -472,8 +480,13 @@ func (c *capacityController) read(now int64, nodes func() []capacityNode) {
 }
 
 // window returns, over the last capacityWindow samples, the rate the server read,
-// the rate that passed the limiter, the queues' mean occupancy, and whether they
-// stood: every sample at least capacityQueueTarget full, or two of them overflowing.
+// the rate that passed the limiter, the queues' occupancy as the law takes it, and
+// whether they stood: every sample at least capacityQueueTarget full, or two of them
+// overflowing. The occupancy is the least of the window's samples, the standing
+// queue (as CoDel takes the least sojourn time over its interval: the sawtooth of
+// a server that reads in bursts, a CPU quota's period, passes, a queue that stands
+// does not), or the last sample's when that is over capacityQueueHigh (a queue
+// that fills towards overflow is met at once, not a window later).
 func (c *capacityController) window() (served, passed, occupancy float64, standing bool) {
 	n := min(c.nwin, capacityWindow)
 	if n == 0 {
@@ -482,19 +495,23 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 	var dt int64
 	var sv, ps uint64
 	full, over := true, 0
+	occupancy = 1
 	for i := range n {
 		s := c.win[(c.nwin-1-i)%capacityWindow]
 		dt += s.dt
 		sv += s.served
 		ps += s.passed
-		occupancy += s.occupancy
+		occupancy = min(occupancy, s.occupancy)
 		full = full && s.occupancy >= capacityQueueTarget
 		if s.overflow {
 			over++
 		}
 	}
+	if last := c.win[(c.nwin-1)%capacityWindow].occupancy; last > capacityQueueHigh {
+		occupancy = max(occupancy, last)
+	}
 	secs := float64(dt) / 1e9
-	return float64(sv) / secs, float64(ps) / secs, occupancy / float64(n), n == capacityWindow && (full || over >= 2)
+	return float64(sv) / secs, float64(ps) / secs, occupancy, n == capacityWindow && (full || over >= 2)
 }
 
 // regulate sets R from the window: the served rate scaled by the occupancy's error

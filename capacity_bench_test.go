@@ -137,3 +137,28 @@ func BenchmarkCapacityController(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCapacityControllerCPU reports the share of a core the process spends
+// while only the controller of a kernel filter runs, with the sketches' cells busy:
+// with the socket's queue full and unread (samples every 25 ms, the sketches read
+// every 200 ms, as under overload) and drained (every 100 ms, the sketches every
+// second). The bound is 1% of a core; a loaded machine measures more (the
+// same work costs more time in a shared cache).
+func BenchmarkCapacityControllerCPU(b *testing.B) {
+	requireBPF(b)
+	k, drain := busyCapacity(b)
+	measure := func(name string) {
+		b.Run(name, func(b *testing.B) {
+			var cpu, wall time.Duration
+			for b.Loop() {
+				c, w, _ := controllerShare(b, k, time.Second)
+				cpu, wall = cpu+c, wall+w
+			}
+			b.ReportMetric(100*float64(cpu)/float64(wall), "%core")
+		})
+	}
+	measure("queue-full")
+	drain()
+	waitCalm(b, k)
+	measure("queue-drained")
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,6 +54,8 @@ var errCapacityOff = errors.New("rrl: capacity: off in the configuration (keywor
 type capacityRun struct {
 	stop chan struct{} // closed by halt
 	done chan struct{} // closed when the goroutine has returned
+	// samples counts the samples taken: the pace the controller keeps (tests).
+	samples atomic.Uint64
 
 	mu      sync.Mutex
 	stopped bool // halt was called
@@ -166,6 +169,7 @@ func (r *capacityRun) run(src capacitySource, clock func() int64) {
 			ctrl = newCapacityController(configured)
 		}
 		r.step(ctrl, src, clock(), cfg)
+		r.samples.Add(1)
 		t.Reset(ctrl.sampleEvery())
 	}
 }

@@ -286,6 +286,7 @@ type simResult struct {
 	level                  []float64 // the water level at each sample
 	levelAt                []time.Duration
 	overloaded             []bool
+	rate, occupancy        []float64 // R and the queue's fill at each sample
 	limiter                *Limiter
 	ctrl                   *capacityController
 	limits                 [][numNodes]fixed // the limits in force at each sample
@@ -399,6 +400,8 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 			res.level = append(res.level, dec.Level)
 			res.levelAt = append(res.levelAt, time.Duration(now))
 			res.overloaded = append(res.overloaded, ctrl.overloaded)
+			res.rate = append(res.rate, ctrl.rate)
+			res.occupancy = append(res.occupancy, float64(in.Queued)/float64(in.QueueLimit))
 			res.limits = append(res.limits, l.params.Load().limit)
 		}
 		// The server reads.
