@@ -49,11 +49,15 @@ func (f *Flood) Vary(addrMask uint32, portMask uint16) error {
 	return f.objs.GenSettings.Put(uint32(0), xdpgenGenConfig{AddrMask: addrMask, PortMask: portMask})
 }
 
-// Counted returns the sum over CPUs of gen_sent: the frames the generator handled,
-// plus the packets DropProgram dropped (both count there).
-func (f *Flood) Counted() (uint64, error) {
+// Sent returns the frames the generator handled, summed over CPUs.
+func (f *Flood) Sent() (uint64, error) { return sumPerCPU(f.objs.GenSent) }
+
+// Dropped returns the packets DropProgram dropped, summed over CPUs.
+func (f *Flood) Dropped() (uint64, error) { return sumPerCPU(f.objs.DropCount) }
+
+func sumPerCPU(m *ebpf.Map) (uint64, error) {
 	var per []uint64
-	if err := f.objs.GenSent.Lookup(uint32(0), &per); err != nil {
+	if err := m.Lookup(uint32(0), &per); err != nil {
 		return 0, err
 	}
 	var sum uint64

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
@@ -25,7 +26,7 @@ func requireRoot(t *testing.T) {
 }
 
 // The generator's frames cross the pair and reach the receiver's XDP program, one
-// per repeat (none lost at this rate of 20,000, far below the ring's), with the
+// per repeat (nearly none lost when each batch has time to drain), with the
 // sources it varies; the receiving NAPI thread runs them.
 func TestVethFlood(t *testing.T) {
 	requireRoot(t)
@@ -65,26 +66,33 @@ func TestVethFlood(t *testing.T) {
 	src := netip.AddrPortFrom(netip.MustParseAddr("198.19.1.0"), 40000)
 	frame := v.Frame(Packet(src, netip.AddrPortFrom(v.Receiver4, 53), DNSQuery(1, false)))
 	const n = 20000
-	// Small batches, each drained before the next: a veth ring holds 256 frames.
-	for i := 0; i < n/200; i++ {
-		if err := f.Send(v, frame, 200, 0); err != nil {
+	// Small batches, each given time to drain before the next: a veth ring holds
+	// 256 frames, and the sender drops what does not fit.
+	for i := 0; i < n/100; i++ {
+		if err := f.Send(v, frame, 100, 0); err != nil {
 			t.Fatal(err)
 		}
+		time.Sleep(time.Millisecond)
 	}
 	after, err := TaskRunTime(napi)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := f.Counted()
+	sent, err := f.Sent()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// gen_sent counts both the generator's frames and the receiver's drops.
-	if got < n+n*9/10 || got > 2*n {
-		t.Fatalf("generator and receiver counted %d, want %d sent and nearly as many dropped", got, n)
+	got, err := f.Dropped()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A receiver delayed by other work on the machine may let the ring overflow
+	// now and then; most frames must arrive, none twice.
+	if sent != n || got > n || got < n*9/10 {
+		t.Fatalf("generator sent %d, receiver dropped %d; want %d sent and nearly all dropped", sent, got, n)
 	}
 	if after <= before {
 		t.Fatalf("the NAPI thread did not run: %v then %v", before, after)
 	}
-	t.Logf("%d frames: receiver's NAPI thread ran %v, %.0f ns a frame", n, after-before, float64(after-before)/float64(got-n))
+	t.Logf("%d frames: receiver's NAPI thread ran %v, %.0f ns a frame", n, after-before, float64(after-before)/float64(got))
 }

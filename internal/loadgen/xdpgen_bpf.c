@@ -41,6 +41,14 @@ struct {
 	__type(value, __u64);
 } gen_sent SEC(".maps");
 
+// Per CPU, the packets xdp_drop53 dropped.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} drop_count SEC(".maps");
+
 static __always_inline __u64 mix64(__u64 x)
 {
 	x ^= x >> 30;
@@ -137,7 +145,7 @@ int xdp_drop53(struct xdp_md *ctx)
 	if ((void *)(udp + 1) > end || udp->dest != bpf_htons(53))
 		return XDP_PASS;
 	__u32 zero = 0;
-	__u64 *dropped = bpf_map_lookup_elem(&gen_sent, &zero);
+	__u64 *dropped = bpf_map_lookup_elem(&drop_count, &zero);
 	if (dropped)
 		(*dropped)++;
 	return XDP_DROP;

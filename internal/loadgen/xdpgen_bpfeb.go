@@ -24,6 +24,7 @@ type xdpgenGenConfig struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	xdpgenMapDropCount   = "drop_count"
 	xdpgenMapGenSent     = "gen_sent"
 	xdpgenMapGenSettings = "gen_settings"
 	xdpgenProgXdpDrop53  = "xdp_drop53"
@@ -82,6 +83,7 @@ type xdpgenProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpgenMapSpecs struct {
+	DropCount   *ebpf.MapSpec `ebpf:"drop_count"`
 	GenSent     *ebpf.MapSpec `ebpf:"gen_sent"`
 	GenSettings *ebpf.MapSpec `ebpf:"gen_settings"`
 }
@@ -112,12 +114,14 @@ func (o *xdpgenObjects) Close() error {
 //
 // It can be passed to loadXdpgenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpgenMaps struct {
+	DropCount   *ebpf.Map `ebpf:"drop_count"`
 	GenSent     *ebpf.Map `ebpf:"gen_sent"`
 	GenSettings *ebpf.Map `ebpf:"gen_settings"`
 }
 
 func (m *xdpgenMaps) Close() error {
 	return _XdpgenClose(
+		m.DropCount,
 		m.GenSent,
 		m.GenSettings,
 	)
