@@ -208,3 +208,29 @@ func TaskRunTime(pid int) (time.Duration, error) {
 	}
 	return time.Duration(ns), nil
 }
+
+// SenderTxDropped returns the frames the sender's end dropped on transmit: what
+// did not fit the receiver's ring (from /proc/net/dev of the sender's namespace).
+func (v *Veth) SenderTxDropped() (uint64, error) {
+	var dropped uint64
+	err := v.Sender.Do(func() error {
+		b, err := os.ReadFile("/proc/thread-self/net/dev")
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			name, rest, ok := strings.Cut(line, ":")
+			if !ok || strings.TrimSpace(name) != v.SenderDev {
+				continue
+			}
+			f := strings.Fields(rest)
+			if len(f) < 12 {
+				break
+			}
+			dropped, err = strconv.ParseUint(f[11], 10, 64)
+			return err
+		}
+		return fmt.Errorf("/proc/net/dev: no %s", v.SenderDev)
+	})
+	return dropped, err
+}

@@ -86,10 +86,16 @@ func TestVethFlood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A receiver delayed by other work on the machine may let the ring overflow
-	// now and then; most frames must arrive, none twice.
-	if sent != n || got > n || got < n*9/10 {
-		t.Fatalf("generator sent %d, receiver dropped %d; want %d sent and nearly all dropped", sent, got, n)
+	lost, err := v.SenderTxDropped()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The generator may run more than n frames (a signal restarts a run), and a
+	// receiver delayed by other work on the machine lets the ring overflow now
+	// and then: every frame the generator sent was either dropped by the receiver's
+	// program or dropped by the sender for want of room, and most arrived.
+	if sent < n || got+lost != sent || got < sent/2 {
+		t.Fatalf("generator sent %d, receiver dropped %d, sender lost %d; want %d or more sent, all accounted for, most arriving", sent, got, lost, n)
 	}
 	if after <= before {
 		t.Fatalf("the NAPI thread did not run: %v then %v", before, after)
