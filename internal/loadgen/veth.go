@@ -95,25 +95,38 @@ func NewVeth() (v *Veth, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("rp_filter: %w", err)
 	}
-	for _, end := range []struct {
-		ns    *Netns
-		dev   string
-		index *int
-		mac   *net.HardwareAddr
-	}{{v.Sender, v.SenderDev, &v.SenderIndex, &v.SenderMAC}, {v.Receiver, v.ReceiverDev, &v.ReceiverIndex, &v.ReceiverMAC}} {
-		err := end.ns.Do(func() error {
-			ifc, err := net.InterfaceByName(end.dev)
-			if err != nil {
-				return err
-			}
-			*end.index, *end.mac = ifc.Index, ifc.HardwareAddr
-			return nil
-		})
-		if err != nil {
-			return nil, err
+	if err := v.Sender.Do(v.lookup(v.SenderDev, &v.SenderIndex, &v.SenderMAC)); err != nil {
+		return nil, err
+	}
+	if err := v.Receiver.Do(v.lookup(v.ReceiverDev, &v.ReceiverIndex, &v.ReceiverMAC)); err != nil {
+		return nil, err
+	}
+	// Permanent neighbours both ways: no packet of a test waits for (or is
+	// dropped while waiting for) address resolution.
+	for _, n := range [][]string{
+		{"-n", v.Sender.Name, "neigh", "add", vethReceiver4.String(), "lladdr", v.ReceiverMAC.String(), "dev", v.SenderDev, "nud", "permanent"},
+		{"-n", v.Sender.Name, "neigh", "add", vethReceiver6.String(), "lladdr", v.ReceiverMAC.String(), "dev", v.SenderDev, "nud", "permanent"},
+		{"-n", v.Receiver.Name, "neigh", "add", vethSender4.String(), "lladdr", v.SenderMAC.String(), "dev", v.ReceiverDev, "nud", "permanent"},
+		{"-n", v.Receiver.Name, "neigh", "add", vethSender6.String(), "lladdr", v.SenderMAC.String(), "dev", v.ReceiverDev, "nud", "permanent"},
+	} {
+		if out, err := exec.Command("ip", n...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("ip %s: %v: %s", strings.Join(n, " "), err, out)
 		}
 	}
 	return v, nil
+}
+
+// lookup returns a function that finds dev's index and address in the calling
+// thread's namespace.
+func (v *Veth) lookup(dev string, index *int, mac *net.HardwareAddr) func() error {
+	return func() error {
+		ifc, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		*index, *mac = ifc.Index, ifc.HardwareAddr
+		return nil
+	}
 }
 
 // Close removes both namespaces, and with them the pair.
