@@ -43,7 +43,7 @@ type pinEnv struct {
 	base, mnt, bin string
 }
 
-func newPinEnv(t *testing.T) *pinEnv {
+func newPinEnv(t testing.TB) *pinEnv {
 	t.Helper()
 	requireBPF(t)
 	base, err := os.MkdirTemp("", "rrl-pin-")

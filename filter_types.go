@@ -91,6 +91,7 @@ type FilterStats struct {
 	Errors            uint64 // internal failures (passed)
 	CookiePassed      uint64 // passed on a valid server cookie, judged only in their address's level (Filter.UseCookies)
 	CookieInvalid     uint64 // carried a server cookie that did not verify: judged as without one
+	Slipped           uint64 // limited, and answered at the driver with a truncated response (XDP mode, AttachXDP)
 	Nodes             []NodeStats
 	// Capacity reports the capacity mode (Config keyword capacity), nil when it is
 	// off. With it on, a level's Limit is the water level times its factor during
