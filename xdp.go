@@ -101,27 +101,24 @@ func AttachXDP(pinDir, dev string, opts *XDPOptions) (generic bool, err error) {
 	}
 	defer objs.close()
 
-	// The destinations first: from the attach on, the socket filter leaves what
-	// the XDP program judges to it, and the XDP program judges only what they list.
-	if err := objs.addDests(ifc.Index, ports, opts.Addrs); err != nil {
-		return false, err
-	}
-	defer func() {
-		if err != nil {
-			objs.removeDests(ifc.Index)
-		}
-	}()
 	l, generic, err := attachXDPLink(objs.program, ifc, opts.Generic)
 	if err != nil {
 		return false, err
 	}
 	defer l.Close()
+	// The destinations after the attach: until they are recorded both programs
+	// judge these packets (counted twice for a moment) rather than neither.
+	if err := objs.addDests(ifc.Index, ports, opts.Addrs); err != nil {
+		objs.removeDests(ifc.Index)
+		return false, err
+	}
 	path := filepath.Join(pinDir, pinXDPLinkPrefix+ifc.Name)
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		l.Close()
+		objs.removeDests(ifc.Index)
 		return false, fmt.Errorf("rrl: attach XDP: remove the stale pin %s: %w", path, err)
 	}
 	if err := l.Pin(path); err != nil {
+		objs.removeDests(ifc.Index)
 		return false, fmt.Errorf("rrl: attach XDP: pin the link: %w", err)
 	}
 	return generic, nil
