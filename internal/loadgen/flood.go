@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -86,6 +87,16 @@ func (v *Veth) Frame(pkt []byte) []byte {
 // the frames as fast as it takes them: what its queue cannot hold is dropped at the
 // sender.
 func (f *Flood) Send(v *Veth, frame []byte, n uint32, cpu int) error {
+	return f.SendPaced(v, frame, n, n, 0, cpu)
+}
+
+// SendPaced is Send in batches of batch frames with a pause after each, so that
+// a receiver that takes them more slowly than the generator makes them is not
+// flooded past its queue: frames the sender cannot queue are freed on the
+// generator's CPU into the page pool the receiver returns frames to, and the two
+// CPUs then contend for its lock, a cost of the harness that would be charged to
+// the receiver.
+func (f *Flood) SendPaced(v *Veth, frame []byte, n, batch uint32, pause time.Duration, cpu int) error {
 	return v.Sender.Do(func() error {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
@@ -93,14 +104,19 @@ func (f *Flood) Send(v *Veth, frame []byte, n uint32, cpu int) error {
 			return err
 		}
 		defer unpin()
-		_, err := f.objs.XdpFlood.Run(&ebpf.RunOptions{
-			Data:    frame,
-			Repeat:  n,
-			Flags:   bpfFTestXDPLiveFrames,
-			Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(v.SenderIndex)},
-		})
-		if err != nil {
-			return fmt.Errorf("flood: test run with live frames (Linux 5.18): %w", err)
+		for sent := uint32(0); sent < n; sent += batch {
+			_, err := f.objs.XdpFlood.Run(&ebpf.RunOptions{
+				Data:    frame,
+				Repeat:  min(batch, n-sent),
+				Flags:   bpfFTestXDPLiveFrames,
+				Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(v.SenderIndex)},
+			})
+			if err != nil {
+				return fmt.Errorf("flood: test run with live frames (Linux 5.18): %w", err)
+			}
+			if pause > 0 {
+				time.Sleep(pause)
+			}
 		}
 		return nil
 	})
