@@ -18,9 +18,10 @@ import (
 // prefilter there instead and returns the Filter in ModeClassic together with an
 // error that says why, for which errors.Is holds with one of:
 //
-//   - ErrNotPermitted: no CAP_BPF. The message says how to get the eBPF filter: grant
-//     CAP_BPF (setcap cap_bpf+ep), attach before dropping privileges (the attached
-//     filter keeps working), or attach objects a privileged step pinned (AttachPinned).
+//   - ErrNotPermitted: no CAP_BPF and CAP_PERFMON. The message says how to get the eBPF
+//     filter: grant both (setcap cap_bpf,cap_perfmon+ep), attach before dropping
+//     privileges (the attached filter keeps working), or attach objects a privileged
+//     step pinned (AttachPinned).
 //   - ErrOptMem: the socket's option memory (net.core.optmem_max) cannot hold the
 //     program; the message names the setting.
 //   - ErrNotSupported: the kernel is too old or lacks a helper the program calls.
@@ -31,25 +32,31 @@ import (
 // and discard every packet for which Limiter.Allow(source) is false, right after
 // reading it (Protect does all of this).
 //
-// Attach returns a nil Filter only when conn is not a UDP socket or even the classic
-// prefilter could not be attached; every method of a nil Filter is safe and does
-// nothing, so `defer f.Close()` right after Attach is always safe.
+// Attach returns a nil Filter only when conn is not an open UDP socket (nil, closed,
+// TCP, ...: the error says which) or even the classic prefilter could not be
+// attached; every method of a nil Filter is safe and does nothing, so `defer
+// f.Close()` right after Attach is always safe.
 //
 // In report-only mode the filter counts what it would drop (FilterStats.ReportOnly
 // and the per-reason counters) and passes everything.
+//
+// A cookie-secret in cfg is written into the eBPF filter, which then passes queries
+// with a valid server cookie made with it as UseCookies describes; Config never
+// returns it.
 func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	if cfg == nil {
 		cfg = NewConfig()
 	}
-	if err := sockopt.Control(conn, checkUDPSocket); err != nil {
+	if err := checkUDP(conn); err != nil {
 		return nil, fmt.Errorf("rrl: attach filter: %w", err)
 	}
 	id, err := identify(conn)
 	if err != nil {
 		return nil, fmt.Errorf("rrl: attach filter: %w", err)
 	}
-	f := &Filter{cfg: cfg.clone()}
-	loadErr := f.loadAndAttach(conn, id)
+	// The filter keeps no secret in its Config: Config never returns one.
+	f := &Filter{cfg: cfg.withoutSecrets().clone()}
+	loadErr := f.loadAndAttach(conn, id, cfg.secrets)
 	if loadErr == nil {
 		f.mu.Lock()
 		f.capacityUpdated() // capacity_linux.go
@@ -69,12 +76,16 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 // loadAndAttach loads the eBPF filter and attaches it to conn, leaving f in ModeEBPF,
 // or returns why not with everything it made released. The error matches
 // ErrNotPermitted, ErrNotSupported, ErrOptMem or ErrLoadFailed.
-func (f *Filter) loadAndAttach(conn syscall.Conn, id socketID) error {
+func (f *Filter) loadAndAttach(conn syscall.Conn, id socketID, cs *configSecrets) error {
 	objs, err := loadKernel()
 	if err == nil {
 		f.objs = objs
 		if f.seed, err = randomSeed(); err == nil {
-			err = f.writeSettings(f.cfg)
+			var secrets *cookieKeys
+			if cs != nil {
+				secrets = keysOf(cs)
+			}
+			err = f.writeSettingsSecrets(f.cfg, secrets)
 		}
 		if err == nil {
 			err = f.attachEBPF(conn, id)
@@ -93,7 +104,8 @@ func (f *Filter) loadAndAttach(conn syscall.Conn, id socketID) error {
 			return err
 		}
 	}
-	return &sysError{op: "rrl: load eBPF filter", sentinel: ErrLoadFailed, err: err}
+	// The errors of the steps above name their step already.
+	return &sysError{sentinel: ErrLoadFailed, err: err}
 }
 
 func (f *Filter) attachEBPF(conn syscall.Conn, id socketID) error {
@@ -120,8 +132,11 @@ func (f *Filter) Attach(conn syscall.Conn) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.mode == ModeNone {
+	if f.mode == ModeNone || f.closing {
 		return ErrClosed
+	}
+	if err := checkUDP(conn); err != nil {
+		return fmt.Errorf("rrl: attach filter: %w", err)
 	}
 	id, err := identify(conn)
 	if err != nil {
@@ -151,6 +166,16 @@ func (f *Filter) Attach(conn syscall.Conn) error {
 // In classic mode each socket holds a program of its own: Update puts the new one on
 // every socket f is on, through any descriptor of it open in this process (as Close
 // does), all or nothing again, and the error names a socket it could not reach.
+//
+// A cookie-secret in cfg replaces the eBPF filter's server cookie secrets (a pinned
+// filter's for every process), written last before the new configuration takes
+// effect; without one they stay. Naming one secret keeps the secret it replaces
+// accepted, as Cookies.Rotate does (naming the one in force alone stops accepting
+// the previous one); naming two sets both. Keeping the one in force means reading
+// it, which a pinned filter's pins allow root alone: others name both, or get an
+// error matching ErrNotPermitted. A filter that follows a Cookies (UseCookies) takes
+// its secrets from it, and a cookie-secret is refused (ErrNotSupported). The
+// classic prefilter verifies no cookies and ignores it.
 func (f *Filter) Update(cfg *Config) error {
 	if f == nil {
 		return ErrClosed
@@ -161,9 +186,19 @@ func (f *Filter) Update(cfg *Config) error {
 	cfg = cfg.clone()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.closing {
+		return ErrClosed // Close has begun
+	}
 	switch f.mode {
 	case ModeEBPF:
-		if err := f.writeSettings(cfg); err != nil {
+		var secrets *cookieKeys
+		if cfg.secrets != nil {
+			var err error
+			if secrets, err = f.updateSecrets(cfg.secrets); err != nil {
+				return err
+			}
+		}
+		if err := f.writeSettingsSecrets(cfg, secrets); err != nil {
 			return err
 		}
 	case ModeClassic:
@@ -173,7 +208,7 @@ func (f *Filter) Update(cfg *Config) error {
 	default:
 		return ErrClosed
 	}
-	f.cfg = cfg
+	f.cfg = cfg.withoutSecrets()
 	f.capacityUpdated() // capacity_linux.go
 	return nil
 }
@@ -238,7 +273,7 @@ func (f *Filter) close(detach bool) error {
 	if f == nil {
 		return nil
 	}
-	f.stopCapacity() // capacity_linux.go
+	f.closeCapacity() // capacity_linux.go
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error

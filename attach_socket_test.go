@@ -3,6 +3,7 @@ package rrl
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"syscall"
@@ -266,7 +267,7 @@ func TestLiveReportOnlyUpdateClose(t *testing.T) {
 	}
 	run = runLive(t, srv, f, heavy(41002), 3*time.Second)
 	// The sketches carried the flood's rate over, so limiting is at once in force.
-	if got := run.admitted(0, 500*time.Millisecond, 3*time.Second); !within(got, 1500, 0.10) {
+	if got := run.admitted(t, 0, 500*time.Millisecond, 3*time.Second); !within(got, 1500, 0.10) {
 		t.Errorf("after Update to 1500: admitted %.0f pps", got)
 	}
 
@@ -319,10 +320,18 @@ func startAndRelease(t *testing.T, srv *udpServer, raw *rawSender, f *Filter, so
 	t.Helper()
 	src := func(int) netip.AddrPort { return source }
 	s := time.Second
+	// The phases' queries carry IDs from ranges of their own (base), so that each
+	// received packet's send time is known: the windows below go by when a packet
+	// was sent, the program's clock, not by when a reader that a busy machine may
+	// delay read it.
+	base := []int{0, 1000, 20000}
+	ids := func(phase int) func(int) []byte {
+		return func(i int) []byte { return dnsQuery(uint16(base[phase]+i), false) }
+	}
 	flows := []flow{
-		{Name: "before", Rate: 250, Start: 0, End: 1 * s, Src: src},
-		{Name: "attack", Rate: 5000, Start: 1 * s, End: 3 * s, Src: src},
-		{Name: "after", Rate: 250, Start: 3 * s, End: 5500 * time.Millisecond, Src: src},
+		{Name: "before", Rate: 250, Start: 0, End: 1 * s, Src: src, Payload: ids(0)},
+		{Name: "attack", Rate: 5000, Start: 1 * s, End: 3 * s, Src: src, Payload: ids(1)},
+		{Name: "after", Rate: 250, Start: 3 * s, End: 5500 * time.Millisecond, Src: src, Payload: ids(2)},
 	}
 	// One source plays all three phases, so what it receives is split by time.
 	start := time.Now()
@@ -337,24 +346,41 @@ func startAndRelease(t *testing.T, srv *udpServer, raw *rawSender, f *Filter, so
 	}
 	sent := []int{len(sentAt[0]), len(sentAt[1]), len(sentAt[2])}
 	close(stop)
-	var at []time.Duration
+	// A sender starved by a busy machine catches up in bursts, and an attack still
+	// catching up a second after its end would leave nothing to judge the release by.
+	if late := sentAt[1][len(sentAt[1])-1]; late > 4*s {
+		t.Fatalf("the attack's last packet was sent %v after the start, more than a second late: the sender fell behind, run not meaningful", late)
+	}
+	var passed []time.Duration     // send times of the packets received
+	var byPhase [3][]time.Duration // the same, per phase
 	for _, r := range <-done {
-		at = append(at, r.at)
+		phase := 2
+		for phase > 0 && int(r.id) < base[phase] {
+			phase--
+		}
+		if i := int(r.id) - base[phase]; i < len(sentAt[phase]) {
+			passed = append(passed, sentAt[phase][i])
+			byPhase[phase] = append(byPhase[phase], sentAt[phase][i])
+		}
 	}
-	perSecond := func(from, to time.Duration) float64 { return float64(count(at, from, to)) / (to - from).Seconds() }
-	t.Logf("sent %v; received pps: before %.0f, attack first second %.0f, attack second second %.0f, after+2s %.0f",
+	perSecond := func(from, to time.Duration) float64 { return float64(count(passed, from, to)) / (to - from).Seconds() }
+	t.Logf("sent %v; admitted pps: before %.0f, attack first second %.0f, attack second second %.0f, after+2s %.0f",
 		sent, perSecond(0, s), perSecond(s, 2*s), perSecond(2*s, 3*s), perSecond(5*s, 5500*time.Millisecond))
-	if got := perSecond(0, s); !within(got, 250, 0.05) {
-		t.Errorf("before the attack: %.0f pps delivered, want all 250", got)
+	// Under the limit every packet passes: at 250 pps the estimate (noise about 8%)
+	// never comes near 500.
+	if got, want := count(byPhase[0], 0, s), count(sentAt[0], 0, s); got != want {
+		t.Errorf("before the attack: %d of %d packets admitted, want all", got, want)
 	}
-	// Limiting is in force one second into the attack: what gets through is near the
-	// limit, not near the attack's 10x (a sender stalled by a busy machine delivers in
-	// bursts, hence the margin).
-	if got := perSecond(2*s, 3*s); got < 0.8*500 || got > 1.2*500 {
-		t.Errorf("one second into the attack: %.0f pps delivered, want the limit 500 ±20%%", got)
+	// Limiting is in force one second into the attack: what gets through is the
+	// limit (the estimator's lag admits 3% more at one second), not the attack's 10x.
+	if mean, variance := modelAdmitted(sentAt, []int{0, 1, 2}, 1, 500, 2*s, 3*s); math.Abs(float64(count(passed, 2*s, 3*s))-mean) > 4.5*math.Sqrt(variance) {
+		t.Errorf("one second into the attack: %.0f pps admitted, want %.0f ±%.0f (the limit 500 as the model applies it to the packets sent; see checkHeld)",
+			perSecond(2*s, 3*s), mean, 4.5*math.Sqrt(variance))
 	}
-	if got := perSecond(5*s, 5500*time.Millisecond); !within(got, 250, 0.05) {
-		t.Errorf("two seconds after the attack: %.0f pps delivered, want all 250", got)
+	// Two seconds after it the source's estimate has decayed far under the limit
+	// (it halves every 200 ms): every packet passes again.
+	if got, want := count(byPhase[2], 5*s, 5500*time.Millisecond), count(sentAt[2], 5*s, 5500*time.Millisecond); got != want || want == 0 {
+		t.Errorf("two seconds after the attack: %d of %d packets admitted, want all", got, want)
 	}
 	if st, _ := f.Stats(); st.Seen == 0 {
 		t.Error(fmt.Sprint("no packets seen: ", st))
@@ -390,9 +416,7 @@ func TestLiveExemptClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	run = runLive(t, srv, f, flood(41202), 2*time.Second)
-	if got := run.admitted(0, time.Second, 2*time.Second); !within(got, 500, 0.15) {
-		t.Errorf("after removing the exemption: %.0f pps delivered, want the limit 500", got)
-	}
+	run.checkHeld(t, 0, []int{0}, 500, time.Second, 2*time.Second) // the limit, after removing the exemption
 }
 
 // TestLiveClockOnMonotonic: the program's clock, counted in jiffies and turned into

@@ -4,24 +4,43 @@ package rrl
 // the server is overloaded, and then share what it can take fairly.
 //
 // Without requests-per-second, every level of the request limiter still counts every
-// query (the sketches are kept warm) but limits nothing. A controller watches the
-// server: its receive queues (bytes queued against the buffer size, and the queries
-// lost because a queue was full) and the limiter's own counts. The server is
-// overloaded when its queues keep overflowing (capacity auto), or when more queries
-// arrive than the configured capacity. Then the capacity C is what the server reads
-// per second while its queues overflow (auto: the drain rate, measured over windows
-// whose queues were full at both ends, so that what entered them is what was read),
-// or the configured number. A measured C falls at once (by at most 15% a tenth of a
-// second) when the queues overflow under the limits, comes back to its last
-// measurement once they are calm (a pause is not a slower server) unless it falls
-// again after coming back (then the server is slower: it stays), rises to what the
-// server reads while its queues stay busy without growing, and creeps up
-// slowly beyond it while nothing is busy, in case the server got faster.
+// query (the sketches are kept warm) but limits nothing. A controller samples the
+// server every capacitySampleEvery: its receive queues (bytes queued against the
+// buffer size, and the queries lost because a queue was full), what it read, and the
+// limiter's own counts. It keeps no estimate of the server's capacity. It regulates
+// what it sees at every sample, the receive queues' occupancy, as CoDel regulates a
+// standing queue:
+//
+// The server is overloaded (capacity auto) when its queues stand: at least
+// capacityQueueTarget full at every sample of a window (capacityWindow), or
+// overflowing at two of them. Then the controller sets R, the rate the limits admit
+// (what the server is to read per second), at every sample:
+//
+//	q >= q0:  R = s * (1 - k*(q - q0))
+//	q <  q0:  R = min(R * exp(g * (q0 - q)/q0 * dt), 2*max(s, a))
+//
+// with q the queues' mean occupancy over the window (a sample that overflowed counts
+// as full), q0 = capacityQueueTarget, s the rate the server read over the window, a
+// the rate the limiter passed, k = capacityGain and g = capacityRise. While the
+// queue stands the server reads as fast as it can, so s is what it can serve at
+// that moment, the bottleneck rate as BBR takes it from delivery: R follows it at
+// once, a little under it while the queue is above its target, so that the queue
+// drains to q0, and a little over while below. While the queue is under its target
+// the server could read more than it is given: R rises, by up to g a second when the
+// queue runs empty (a probe, as BBR's, that stops when the queue stands again), and
+// never above twice what passes (no wind-up while the limits do not bind), and
+// never under capacityFloor of the arrivals (a stalled server). Nothing
+// else is remembered: every sample's evidence replaces the last, so a slow moment
+// moves R only as long as it lasts, and a faster server shows at once (its standing
+// queue drains faster) or by the rise.
+//
+// With a configured capacity C (a number) R is C: the overload starts when more
+// queries arrive than C, and the receive queues are not needed.
 //
 // Under overload every adjusted node's limit becomes its factor times one water
 // level L (its factor as requests-per-second would give it: the levels' factors,
 // source-port-factor for the port node), so that the admitted rate of the lattice,
-// each group admitted min(rate, limit), comes to what C leaves after the queries the
+// each group admitted min(rate, limit), comes to what R leaves after the queries the
 // limiter does not judge (proven clients with a valid server cookie, exempt-clients):
 // those are served first. This is the max-min fair share: the heaviest groups are
 // trimmed to L and lighter ones are untouched. The own-address level (/32, /128), the
@@ -36,16 +55,17 @@ package rrl
 // its nodes, and L is where that estimate meets the target. Shared cells make the
 // estimate wrong by a factor (collisions make groups look heavier than they are), so
 // a slow correction on the measured admission (the limiter's passes) brings it to the
-// target whatever the traffic's shape. The target leaves a margin under C (90%, 85%
-// while a queue is busy) so that the queues drain.
+// target whatever the traffic's shape. The sketches are read every capacityStepEvery
+// and L is solved again at every sample.
 //
-// The overload ends (limits lift) when fewer queries arrive than 80% of C for half a
-// second; the queries the limiter refuses count as arrivals, so a steady flood keeps
-// the overload on and the limit steady, and the limits lift within a second of the
-// flood's end. The controller is pure: its inputs carry their clock (capacityInput),
-// and a driver (capacity_linux.go for the kernel filter and the sockets, or a Go
-// Limiter's counters) samples them every capacitySampleEvery while an overload is on
-// or may come, every capacitySampleIdle otherwise (see sampleEvery).
+// The overload ends (limits lift) when fewer queries arrive than capacityExitBelow of
+// R, and no queue stands, for capacityExitHold; the queries the limiter refuses count
+// as arrivals, so a steady flood keeps the overload on and the limits lift within a
+// second of the flood's end. The controller is pure: its inputs carry their clock
+// (capacityInput), and a driver (capacity_linux.go for the kernel filter and the
+// sockets, or a Go Limiter's counters) samples them every capacitySampleEvery while
+// an overload is on or may come, every capacitySampleIdle otherwise (see
+// sampleEvery).
 
 import (
 	"math"
@@ -58,58 +78,52 @@ const (
 	// capacitySampleEvery is how often a driver samples the queues and counters
 	// while the server is overloaded or near it, and capacitySampleIdle otherwise:
 	// a wakeup costs more than the sample (tens of microseconds of the Go
-	// scheduler's in an idle process), and an idle server needs few.
+	// scheduler's in an idle process), and an idle server needs few. A shorter
+	// period reacts sooner to a slower server (fewer overflows) for more wakeups.
 	capacitySampleEvery = 25 * time.Millisecond
 	capacitySampleIdle  = 100 * time.Millisecond
-	// capacityStepEvery is how often the water level is recomputed under overload:
-	// about the sketches' time constant, so each step sees the previous one's effect.
+	// capacityStepEvery is how often the sketches are read under overload (every
+	// second otherwise): the cells' arrival rates behind the water level. Reading
+	// 20,000 cells is the controller's main cost; the sketches' own time constant
+	// (290 ms) makes reading them more often say little more.
 	capacityStepEvery = 200 * time.Millisecond
-	// capacityRateTau is the time constant of the controller's rate averages.
-	capacityRateTau = 250 * time.Millisecond
-	// capacityMargin is the share of the capacity the limits aim at, so that the
-	// queues drain instead of staying at the edge of overflowing; capacityDrain
-	// while a queue is busy (at an overload's start it is full), so that it
-	// drains in a fraction of a second.
-	capacityMargin = 0.9
-	capacityDrain  = 0.85
+	// capacityWindow is the number of samples (100 ms) over which the served rate
+	// and the occupancy are taken: longer smooths a server that reads in bursts (a
+	// CPU quota's period, a GC) and reacts later.
+	capacityWindow = 4
+	// capacityQueueTarget is the occupancy the queues are held at under overload,
+	// a share of their buffers: higher keeps the server busy through more of its
+	// own jitter (a faster moment drains the standing queue instead of idling the
+	// server) and leaves less room before a slower moment overflows it; it also
+	// delays every answer by its share of the buffer.
+	capacityQueueTarget = 0.3
+	// capacityGain is how far under the served rate R goes per unit of occupancy
+	// over the target: higher drains a standing queue sooner and makes R follow
+	// the occupancy's noise more.
+	capacityGain = 0.25
+	// capacityRise is how fast R grows, per second in the logarithm, while the
+	// queues run empty under the limits: faster regains a server that got faster
+	// sooner and overshoots into the queue more before the occupancy shows it.
+	capacityRise = 1.5
 	// capacityExitBelow and capacityExitHold: the overload ends once arrivals stay
-	// below this share of C for this long.
+	// below this share of R for this long. Closer to 1 or shorter lifts the limits
+	// sooner after a flood, and flaps more when a flood hovers around R.
 	capacityExitBelow = 0.8
 	capacityExitHold  = 500 * time.Millisecond
-	// capacityBusyFill is the share of its buffer a receive queue must hold for the
-	// server to count as busy at a sample.
-	capacityBusyFill = 0.5
-	// capacityWindow is the number of consecutive busy samples, most of them
-	// overflowing, over which a drain rate is measured (200 ms).
-	capacityWindow = 8
-	// capacityHistory is how many samples the controller keeps (one second).
-	capacityHistory = 40
-	// capacityQuick is the number of samples (100 ms) over which an overflow during
-	// an overload lowers the capacity at once.
-	capacityQuick = 4
-	// capacityQuickFall is the most one such window lowers it by.
-	capacityQuickFall = 0.15
-	// capacityProbe is how fast a measured capacity rises while nothing is busy
-	// under the limits, per second.
-	capacityProbe = 0.005
-	// capacityProbeHold is how long after a busy queue the probe waits.
-	capacityProbeHold = 5 * time.Second
-	// capacityRecover is how fast a capacity that fell on an overflow returns to
-	// the last measurement, per second, after capacityRecoverHold of calm.
-	capacityRecover     = 0.25
-	capacityRecoverHold = 500 * time.Millisecond
-	// capacityGain is the exponent of the correction towards the target per step:
-	// small, so that noise in one step's measurement moves the limit little.
-	capacityGain = 0.2
-	// capacitySettle is how long into an overload the correction waits.
-	capacitySettle = time.Second
-	// capacityLowerAfter is how long into an overload an overflow under the limits
-	// may lower the capacity (lower): long enough for the queues, full at the
-	// start, to drain and for the sketches' estimates to rise; a fall it makes too
-	// soon comes back (probe).
-	capacityLowerAfter = 500 * time.Millisecond
+	// capacityRateTau is the time constant of the arrival and admission averages
+	// (for the exit and the correction): longer is steadier and later.
+	capacityRateTau = 250 * time.Millisecond
+	// capacityCorrection is the exponent of the model's correction towards the
+	// measured admission per read: small, so that noise in one read moves the
+	// level little, and the queue loop, not this, carries the fast changes.
+	capacityCorrection = 0.2
+	// capacityFloor is the least share of the arrivals R admits: a server that
+	// stalls (reads nothing) would take R to 0, and with the Go limiter, whose
+	// reads count only once passed, nothing would then show it reading again. Higher
+	// keeps more of a flood through a stall; lower trims harder while it lasts.
+	capacityFloor = 0.05
 	// capacityMinLevel is the lowest water level, in queries per second per unit
-	// of factor.
+	// of factor: the solver's floor.
 	capacityMinLevel = 1e-3
 )
 
@@ -326,15 +340,13 @@ type capacityInput struct {
 	Sockets            int
 }
 
-// capacitySampleDelta is what happened between two samples.
-type capacitySampleDelta struct {
-	dt       int64
-	served   uint64
-	overflow uint64
-	busy     bool   // a queue overflowed or was at least capacityBusyFill full
-	close    bool   // begun at the close cadence (capacitySampleEvery)
-	empty    bool   // every queue was empty at the sample
-	queued   uint64 // bytes in the queues at the sample
+// capacitySample is what one sample saw since the previous one.
+type capacitySample struct {
+	dt        int64
+	served    uint64
+	passed    uint64  // admitted and fixed: what entered the queues or overflowed
+	occupancy float64 // the queues' fill at the sample, 1 when one overflowed since the previous
+	overflow  bool
 }
 
 // capacityDecision is what the driver must do after a sample.
@@ -347,52 +359,43 @@ type capacityDecision struct {
 	Start, Stop bool
 }
 
-// capacityController decides, from samples, whether the server is overloaded, what
-// its capacity is and the water level. Its user serialises calls.
+// capacityController decides, from samples, whether the server is overloaded, the
+// rate R the limits admit and the water level that admits it (see the top of this
+// file for the law). Its user serialises calls.
 type capacityController struct {
-	configured float64 // queries per second; 0 or less: measure
+	configured float64 // queries per second; 0 or less: auto
 
 	have bool
 	last capacityInput
 
-	hist  [capacityHistory]capacitySampleDelta
-	nhist int // samples recorded, for the ring's fill
-	// sinceMeasure counts samples since the last drain-rate measurement, so that
-	// measurements do not overlap.
-	sinceMeasure int
+	win  [capacityWindow]capacitySample // the last samples, a ring
+	nwin int                            // samples recorded
 
 	// Rates (queries per second), averaged with capacityRateTau.
-	demand, admitted, fixed, served float64
+	demand, admitted, fixed, aimed float64
 
-	capacity   float64 // C: measured or configured; 0 not known yet
+	rate       float64 // R: what the limits admit, queries per second; 0: no overload yet
 	overloaded bool
-	since      int64   // start of the overload
-	lowSince   int64   // since when arrivals are below the exit threshold (-1: not)
-	nextRead   int64   // when the sketches are read next
-	lastBusy   int64   // the last sample with a busy queue, for probe
-	wasNear    bool    // near() at the previous sample: this one came at the close cadence
-	measured   float64 // the capacity as last measured (or probed), which lower goes under
-	// recovered: probe raised the capacity towards measured since lower last
-	// took it down.
-	recovered  bool
+	since      int64 // start of the overload
+	lowSince   int64 // since when arrivals are below the exit threshold (-1: not)
+	nextRead   int64 // when the sketches are read next
+	readAt     int64 // when they were read last
+	nodes      []capacityNode
 	level      float64 // in force: +Inf none
 	written    float64 // last Level returned with Write
 	correction float64 // multiplies the target the sketches are solved for
-	target     float64 // the admitted rate aimed at, at the last step
+	target     float64 // the judged rate the level aims at (R less the fixed load)
 	overloads  uint64
 }
 
 func newCapacityController(configured float64) *capacityController {
-	c := &capacityController{configured: configured, level: math.Inf(1), written: math.Inf(1), correction: 1, lowSince: -1}
-	if configured > 0 {
-		c.capacity = configured
-	}
-	return c
+	return &capacityController{configured: configured, level: math.Inf(1), written: math.Inf(1), correction: 1, lowSince: -1}
 }
 
 // step takes one sample and returns the decision. nodes is called, at most once,
-// every capacityStepEvery and when an overload starts; it returns the adjusted nodes
-// with their cells' rates at in.Now (see limiterParams.capacityNodes).
+// every capacityStepEvery (every second while no overload is near) and when an
+// overload starts; it returns the adjusted nodes with their cells' rates at in.Now
+// (see limiterParams.capacityNodes).
 func (c *capacityController) step(in capacityInput, nodes func() []capacityNode) capacityDecision {
 	if !c.have || in.Now <= c.last.Now {
 		if !c.have || in.Now < c.last.Now {
@@ -400,66 +403,57 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 		}
 		return capacityDecision{Level: c.level}
 	}
-	d := capacitySampleDelta{dt: in.Now - c.last.Now, close: c.wasNear}
 	diff := func(now, before uint64) uint64 {
 		if now < before {
 			return 0 // a counter started again: no difference to take
 		}
 		return now - before
 	}
-	d.served = diff(in.Served, c.last.Served)
-	d.overflow = diff(in.Overflow, c.last.Overflow)
-	d.busy = d.overflow > 0 || (in.QueueLimit > 0 && float64(in.Queued) >= capacityBusyFill*float64(in.QueueLimit))
-	d.empty = in.Sockets > 0 && in.Queued == 0
-	d.queued = in.Queued
-	secs := float64(d.dt) / 1e9
-	a := 1 - math.Exp(-float64(d.dt)/float64(capacityRateTau))
+	s := capacitySample{
+		dt:       in.Now - c.last.Now,
+		served:   diff(in.Served, c.last.Served),
+		passed:   diff(in.Admitted, c.last.Admitted) + diff(in.fixed, c.last.fixed),
+		overflow: diff(in.Overflow, c.last.Overflow) > 0,
+	}
+	if in.QueueLimit > 0 {
+		s.occupancy = min(float64(in.Queued)/float64(in.QueueLimit), 1)
+	}
+	if s.overflow {
+		s.occupancy = 1
+	}
+	secs := float64(s.dt) / 1e9
+	a := 1 - math.Exp(-float64(s.dt)/float64(capacityRateTau))
 	avg := func(r *float64, n uint64) { *r += a * (float64(n)/secs - *r) }
 	avg(&c.demand, diff(in.Demand, c.last.Demand))
 	avg(&c.admitted, diff(in.Admitted, c.last.Admitted))
 	avg(&c.fixed, diff(in.fixed, c.last.fixed))
-	avg(&c.served, d.served)
-	c.hist[c.nhist%capacityHistory] = d
-	c.nhist++
-	c.sinceMeasure++
+	c.win[c.nwin%capacityWindow] = s
+	c.nwin++
 	c.last = in
 
-	if c.configured <= 0 {
-		c.measure()
-		if c.overloaded && in.Now-c.since >= int64(capacityLowerAfter) && c.lower() {
-			c.nextRead = in.Now // recompute the level at once
-		}
-	}
-	// The sketches are read every step (every second while nothing is near an
-	// overload), so that the cells' arrival rates are known from the first step of
-	// an overload.
-	var read []capacityNode
-	readNodes := func() []capacityNode {
-		if read == nil {
-			read = nodes()
-			c.nextRead = in.Now + int64(c.readEvery())
-		}
-		return read
-	}
-	if in.Now >= c.nextRead {
-		readNodes()
+	if in.Now >= c.nextRead || c.nodes == nil && !c.overloaded {
+		c.read(in.Now, nodes)
 	}
 	out := capacityDecision{}
 	switch {
 	case !c.overloaded && c.entering():
 		c.overloaded, c.since, c.lowSince = true, in.Now, -1
 		c.overloads++
+		c.correction, c.aimed = 1, 0
 		out.Start = true
-		c.recompute(in.Now, readNodes(), true)
+		if c.readAt != in.Now {
+			c.read(in.Now, nodes) // the cells' rates now
+		}
+		c.regulate(secs, true)
+		c.solve(in.Now)
 	case c.overloaded && c.exiting(in.Now):
 		c.overloaded = false
 		c.level = math.Inf(1)
 		out.Stop = true
-	case c.overloaded && read != nil:
-		c.probe()
-		c.recompute(in.Now, read, false)
+	case c.overloaded:
+		c.regulate(secs, false)
+		c.solve(in.Now)
 	}
-	c.wasNear = c.near()
 	out.Level = c.level
 	if changed(c.level, c.written) {
 		out.Write, c.written = true, c.level
@@ -467,239 +461,109 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	return out
 }
 
-// sampleEvery is how long until the next sample: capacitySampleEvery while an
-// overload is on or may come (see near), capacitySampleIdle otherwise.
-func (c *capacityController) sampleEvery() time.Duration {
+// read reads the sketches into c.nodes and schedules the next read.
+func (c *capacityController) read(now int64, nodes func() []capacityNode) {
+	c.nodes, c.readAt = nodes(), now
 	if c.near() {
-		return capacitySampleEvery
+		c.nextRead = now + int64(capacityStepEvery)
+	} else {
+		c.nextRead = now + int64(time.Second)
 	}
-	return capacitySampleIdle
 }
 
-// near reports whether an overload is on or may come: a queue was busy or overflowed
-// in the last capacityWindow samples, or arrivals are over half the capacity.
-func (c *capacityController) near() bool {
-	if c.overloaded || (c.capacity > 0 && c.demand > c.capacity/2) {
-		return true
+// window returns, over the last capacityWindow samples, the rate the server read,
+// the rate that passed the limiter, the queues' mean occupancy, and whether they
+// stood: every sample at least capacityQueueTarget full, or two of them overflowing.
+func (c *capacityController) window() (served, passed, occupancy float64, standing bool) {
+	n := min(c.nwin, capacityWindow)
+	if n == 0 {
+		return 0, 0, 0, false
 	}
-	for _, d := range c.recent(capacityWindow) {
-		if d.busy {
-			return true
-		}
-	}
-	return false
-}
-
-// readEvery is how long until the sketches are read again: a step under overload
-// or when it may come (a queue was busy lately, or arrivals are over half the
-// capacity), else a second, which still gives the cells' rates at an overload's
-// start, over a longer time.
-func (c *capacityController) readEvery() time.Duration {
-	if c.near() {
-		return capacityStepEvery
-	}
-	return time.Second
-}
-
-// changed reports whether a level differs from the one in force enough to write it:
-// by 1%, or from or to none.
-func changed(level, written float64) bool {
-	if math.IsInf(level, 1) || math.IsInf(written, 1) {
-		return math.IsInf(level, 1) != math.IsInf(written, 1)
-	}
-	return math.Abs(level-written) > 0.01*written
-}
-
-// recent returns the last n samples' deltas, oldest first (fewer if not recorded).
-func (c *capacityController) recent(n int) []capacitySampleDelta {
-	n = min(n, c.nhist, capacityHistory)
-	out := make([]capacitySampleDelta, n)
-	for i := range n {
-		out[i] = c.hist[(c.nhist-n+i)%capacityHistory]
-	}
-	return out
-}
-
-// drainRate returns the rate the server read at over the last n samples, when their
-// queues were full at both ends (the first and the last sample overflowed, or every
-// one with all, as for the first measurement) and busy in between: it then read as
-// fast as it could, and the queues held as much at the end as at the start, so what
-// entered them is what it read. Only samples begun at the close cadence count: one
-// begun at the idle cadence may have begun long before the queues filled.
-func (c *capacityController) drainRate(n int, all bool) (float64, bool) {
-	if c.nhist < n {
-		return 0, false
-	}
-	recent := c.recent(n)
-	if recent[0].overflow == 0 || recent[n-1].overflow == 0 {
-		return 0, false
-	}
-	for _, d := range recent {
-		if !d.busy || all && d.overflow == 0 || !d.close {
-			return 0, false
-		}
-	}
-	return servedRate(recent)
-}
-
-// servedRate returns what the server read per second over samples.
-func servedRate(samples []capacitySampleDelta) (float64, bool) {
 	var dt int64
-	var served uint64
-	for _, d := range samples {
-		dt += d.dt
-		served += d.served
-	}
-	if dt <= 0 {
-		return 0, false
-	}
-	return float64(served) / (float64(dt) / 1e9), true
-}
-
-// measure takes the drain rate over capacityWindow samples (see drainRate), one
-// window after the other; the first one, while the capacity is not known yet, over
-// capacityQuick, so that the first overload starts sooner.
-func (c *capacityController) measure() {
-	n := capacityWindow
-	if c.capacity == 0 {
-		n = capacityQuick
-	}
-	if c.sinceMeasure < n {
-		c.raiseBusy(capacityQuick)
-		return
-	}
-	rate, ok := c.drainRate(n, c.capacity == 0)
-	if !ok {
-		return
-	}
-	switch {
-	case c.capacity == 0:
-		c.capacity = rate
-	case rate < c.capacity:
-		// Down fast: too high a capacity overflows the queues.
-		c.capacity += 0.7 * (rate - c.capacity)
-	default:
-		c.capacity += 0.3 * (rate - c.capacity)
-	}
-	c.sinceMeasure = 0
-	c.measured = c.capacity
-}
-
-// raiseBusy raises a known capacity to the rate the server read over the last n
-// samples when its queues were busy at every one and at the one before, and held no
-// more at the end than at the start: it then read at least what entered them
-// (Served), as fast as it could. drainRate needs the queues to overflow at both
-// ends, which the limits prevent once they hold, so a first measurement taken over
-// a slow moment would otherwise come back only by the slow probe. It only raises:
-// a rate under the capacity may be a pause.
-func (c *capacityController) raiseBusy(n int) {
-	if c.capacity == 0 || c.nhist < n+1 {
-		return
-	}
-	recent := c.recent(n + 1)
-	if recent[n].queued > recent[0].queued {
-		return // the queues grew: some of what entered them was not read
-	}
-	for _, d := range recent {
-		if !d.busy || !d.close {
-			return
-		}
-	}
-	if rate, ok := servedRate(recent[1:]); ok && rate > c.capacity {
-		c.capacity = rate
-		c.measured = max(c.measured, c.capacity)
-	}
-}
-
-// lower takes the drain rate over the last capacityQuick samples during an overload
-// with the limits in force, once they have settled (capacityLowerAfter: before, the
-// sketches' estimates are still rising and the queues still full from the start):
-// the queues overflowing means that the limits admit more
-// than the server takes now (it got slower, or shares its processor), so the
-// capacity falls towards what it reads at once rather than after a whole window, by
-// at most capacityQuickFall (a short window can catch a pause). It reports whether
-// the capacity fell.
-func (c *capacityController) lower() bool {
-	if c.capacity == 0 || math.IsInf(c.level, 1) {
-		return false
-	}
-	rate, ok := c.drainRate(capacityQuick, false)
-	if !ok || rate >= c.capacity {
-		return false
-	}
-	c.capacity = max(rate, (1-capacityQuickFall)*c.capacity)
-	if c.recovered {
-		// It fell, came back towards the measurement, and overflowed again: the
-		// server is slower, not paused, so the capacity stays down (measure and
-		// probe still raise it when the server gets faster).
-		c.measured, c.recovered = c.capacity, false
-	}
-	c.nhist, c.sinceMeasure = 0, 0 // these samples are spent
-	return true
-}
-
-// probe raises a capacity that lower took down back towards the last measurement
-// (capacityRecover a second, once no queue was busy for capacityRecoverHold), and a
-// measured capacity slowly beyond (capacityProbe a second) while the limits hold
-// and no queue has been busy for capacityProbeHold: the capacity may have been measured
-// low (the server got faster, or shared its processor meanwhile). When it is too
-// high, the queues fill and measure it again.
-func (c *capacityController) probe() {
-	if c.configured > 0 || c.capacity == 0 || math.IsInf(c.level, 1) {
-		return
-	}
-	recent := c.recent(capacityHistory)
-	if len(recent) < capacityHistory {
-		return
-	}
-	for _, d := range recent {
-		if d.busy {
-			c.lastBusy = c.last.Now
-		}
-	}
-	if c.capacity < c.measured {
-		// Back towards the last measurement after a fall (lower), which may
-		// have caught a pause: quickly, once the queues stayed calm a while.
-		if c.last.Now-c.lastBusy >= int64(capacityRecoverHold) {
-			c.capacity = min(c.measured, c.capacity*(1+capacityRecover*capacityStepEvery.Seconds()))
-			c.recovered = true
-		}
-		return
-	}
-	if c.last.Now-c.lastBusy < int64(capacityProbeHold) {
-		return
-	}
-	c.capacity *= 1 + capacityProbe*capacityStepEvery.Seconds()
-	c.measured = c.capacity
-}
-
-// entering reports whether the overload starts: the queues keep overflowing (three
-// of the last four samples) with the capacity measured, or more queries arrive than
-// a known capacity.
-func (c *capacityController) entering() bool {
-	if c.capacity > 0 && c.demand > c.capacity {
-		return true
-	}
-	if c.configured > 0 || c.capacity == 0 {
-		return false
-	}
-	over := 0
-	for _, d := range c.recent(4) {
-		if d.overflow > 0 {
+	var sv, ps uint64
+	full, over := true, 0
+	for i := range n {
+		s := c.win[(c.nwin-1-i)%capacityWindow]
+		dt += s.dt
+		sv += s.served
+		ps += s.passed
+		occupancy += s.occupancy
+		full = full && s.occupancy >= capacityQueueTarget
+		if s.overflow {
 			over++
 		}
 	}
-	return over >= 3
+	secs := float64(dt) / 1e9
+	return float64(sv) / secs, float64(ps) / secs, occupancy / float64(n), n == capacityWindow && (full || over >= 2)
+}
+
+// regulate sets R from the window: the served rate scaled by the occupancy's error
+// while the queues are above their target, and a rise while below (see the top of
+// this file). A configured capacity is R.
+func (c *capacityController) regulate(secs float64, start bool) {
+	if c.configured > 0 {
+		c.rate = c.configured
+		return
+	}
+	served, passed, q, _ := c.window()
+	err := q - capacityQueueTarget
+	floor := capacityFloor * c.demand
+	if err >= 0 || start {
+		c.rate = max(served*(1-capacityGain*err), floor)
+		return
+	}
+	rise := max(c.rate, floor) * math.Exp(capacityRise*(-err/capacityQueueTarget)*secs)
+	c.rate = min(max(served*(1-capacityGain*err), rise), max(c.rate, 2*max(served, passed, floor)))
+}
+
+// solve sets the water level at which the sketches' model admits R less the fixed
+// load, corrected by what the limits measured to admit.
+func (c *capacityController) solve(now int64) {
+	target := max(c.rate-c.fixed, capacityFloor*c.rate)
+	c.target = target
+	if c.aimed == 0 {
+		c.aimed = target
+	}
+	c.aimed += (1 - math.Exp(-float64(c.lastDt())/float64(capacityRateTau))) * (target - c.aimed)
+	if c.readAt == now && now-c.since >= int64(time.Second) && c.admitted > 0 {
+		// At each read, from a second into the overload (the sketches' estimates
+		// have risen to the flood by then): the model's error, as measured by
+		// what the limits admitted against what they aimed at, unless nothing is
+		// limited and the arrivals are under the target anyway.
+		if ratio := c.aimed / c.admitted; !math.IsInf(c.level, 1) || ratio < 1 {
+			c.correction *= min(max(math.Pow(ratio, capacityCorrection), 0.9), 1.1)
+			c.correction = min(max(c.correction, 1.0/8), 8)
+		}
+	}
+	c.level = capacitySolve(c.nodes, c.correction*target)
+}
+
+// lastDt is the last sample's length.
+func (c *capacityController) lastDt() int64 {
+	if c.nwin == 0 {
+		return 0
+	}
+	return c.win[(c.nwin-1)%capacityWindow].dt
+}
+
+// entering reports whether the overload starts: the queues stand (capacity auto), or
+// more queries arrive than the configured capacity.
+func (c *capacityController) entering() bool {
+	if c.configured > 0 {
+		return c.demand > c.configured
+	}
+	_, _, _, standing := c.window()
+	return standing
 }
 
 // exiting reports whether the overload ends: arrivals have stayed below
-// capacityExitBelow of C, and (measured) no queue overflowed, for capacityExitHold.
+// capacityExitBelow of R, with the queues under their target, for capacityExitHold.
 func (c *capacityController) exiting(now int64) bool {
-	low := c.demand < capacityExitBelow*c.capacity
+	// At most: a server that stalled has an R of 0, and nothing may arrive after.
+	low := c.demand <= capacityExitBelow*c.rate
 	if low && c.configured <= 0 {
-		for _, d := range c.recent(4) {
-			low = low && d.overflow == 0
-		}
+		_, _, q, standing := c.window()
+		low = !standing && q < capacityQueueTarget
 	}
 	if !low {
 		c.lowSince = -1
@@ -711,44 +575,41 @@ func (c *capacityController) exiting(now int64) bool {
 	return now-c.lowSince >= int64(capacityExitHold)
 }
 
-// targetRate is the admitted rate the limits aim at: what the capacity leaves after
-// the load they cannot shed, and never less than 5% of it.
-func (c *capacityController) targetRate() float64 {
-	margin := capacityMargin
-	for _, d := range c.recent(capacityQuick) {
-		if d.busy {
-			margin = capacityDrain
-		}
+// sampleEvery is how long until the next sample: capacitySampleEvery while an
+// overload is on or may come (see near), capacitySampleIdle otherwise.
+func (c *capacityController) sampleEvery() time.Duration {
+	if c.near() {
+		return capacitySampleEvery
 	}
-	total := c.capacity * margin
-	return max(total-c.fixed, 0.05*total)
+	return capacitySampleIdle
 }
 
-// recompute sets the water level: the sketches' solution for the corrected target,
-// half-way (in the logarithm) from the level in force so that a step's noise moves
-// it little. At the start of an overload it takes the solution at once.
-func (c *capacityController) recompute(now int64, nodes []capacityNode, start bool) {
-	target := c.targetRate()
-	c.target = target
-	if !start && c.admitted > 0 && now-c.since >= int64(capacitySettle) {
-		// Correct the model by what the limits actually admitted, unless nothing
-		// is limited and the demand is under the target anyway. Not before the
-		// sketches have settled: until then the cells' arrival rates say more.
-		if ratio := target / c.admitted; !math.IsInf(c.level, 1) || ratio < 1 {
-			c.correction *= min(max(math.Pow(ratio, capacityGain), 0.9), 1.1)
-			c.correction = min(max(c.correction, 1.0/8), 8)
+// near reports whether an overload is on or may come: a queue was at its target or
+// overflowed in the window, or arrivals are over half a configured capacity.
+func (c *capacityController) near() bool {
+	if c.overloaded || (c.configured > 0 && c.demand > c.configured/2) {
+		return true
+	}
+	for i := range min(c.nwin, capacityWindow) {
+		if c.win[i].occupancy >= capacityQueueTarget {
+			return true
 		}
 	}
-	level := capacitySolve(nodes, c.correction*target)
-	if !start && !math.IsInf(level, 1) && !math.IsInf(c.level, 1) {
-		level = math.Sqrt(level * c.level)
+	return false
+}
+
+// changed reports whether a level differs from the one in force enough to write it:
+// by 1%, or from or to none.
+func changed(level, written float64) bool {
+	if math.IsInf(level, 1) || math.IsInf(written, 1) {
+		return math.IsInf(level, 1) != math.IsInf(written, 1)
 	}
-	c.level = level
+	return math.Abs(level-written) > 0.01*written
 }
 
 // capacityStatus is what the controller reports.
 type capacityStatus struct {
-	capacity   float64 // 0: not known
+	capacity   float64 // R; 0: no overload yet (auto)
 	overloaded bool
 	since      int64
 	level      float64 // +Inf: none
@@ -758,18 +619,22 @@ type capacityStatus struct {
 }
 
 func (c *capacityController) status() capacityStatus {
+	capacity := c.rate
+	if c.configured > 0 {
+		capacity = c.configured
+	}
 	return capacityStatus{
-		capacity: c.capacity, overloaded: c.overloaded, since: c.since, level: c.level,
+		capacity: capacity, overloaded: c.overloaded, since: c.since, level: c.level,
 		demand: c.demand, target: c.target, overloads: c.overloads,
 	}
 }
 
 // reset forgets the overload and lifts the limits: the counters could not be read,
-// so nothing can be judged. The measured capacity is kept.
+// so nothing can be judged.
 func (c *capacityController) reset() capacityDecision {
 	stop := c.overloaded
 	c.have, c.overloaded, c.lowSince = false, false, -1
-	c.nhist, c.sinceMeasure = 0, 0
+	c.nwin = 0
 	c.level = math.Inf(1)
 	out := capacityDecision{Level: c.level, Stop: stop}
 	if changed(c.level, c.written) {

@@ -47,8 +47,12 @@ import (
 
 // capacityUpdated starts or stops the controller after f.cfg changed. f.mu is held.
 // A controller told to stop ends at its next sample; it touches nothing once it is
-// no longer f's.
+// no longer f's. None starts once Close has begun (f.closing, set under f.mu
+// as Close takes the controller to stop it), so none outlives Close.
 func (f *Filter) capacityUpdated() {
+	if f.closing {
+		return
+	}
 	if f.pin != nil {
 		// A pinned filter's controller runs in RunCapacity, whatever the capacity
 		// keyword says (it waits while the mode is off), and follows the pins.
@@ -66,15 +70,18 @@ func (f *Filter) capacityUpdated() {
 	case on:
 		r.update(f.cfg)
 	case r != nil:
-		close(r.stop)
+		r.halt()
 		f.capacity.run, f.capacity.level = nil, 0
 	}
 }
 
-// stopCapacity ends the controller and waits for it. f.mu must not be held: the
-// controller takes it.
-func (f *Filter) stopCapacity() {
+// closeCapacity is Close's part: from now on no controller starts for f, and the
+// one running ends; it waits for it unless it is in the event function, which may be
+// what called Close (capacityRun.halt). f.mu must not be held: the controller takes
+// it.
+func (f *Filter) closeCapacity() {
 	f.mu.Lock()
+	f.closing = true
 	r := f.capacity.run
 	f.capacity.run = nil
 	f.mu.Unlock()
@@ -153,10 +160,10 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	for _, v := range sum[counterLimited0 : counterLimited0+numLimited] {
 		limited += v
 	}
-	stateless := sum[counterDropShort] + sum[counterDropResponse] + sum[counterDropReflection]
+	stateless := sum[counterDropUnfollowed] + sum[counterDropShort] + sum[counterDropResponse] + sum[counterDropReflection]
 	in.Now = now
 	in.Demand = sum[counterSeen] - stateless
-	in.fixed = sum[counterNotDNS] + sum[counterExempt] + sum[counterCookiePassed]
+	in.fixed = sum[counterExempt] + sum[counterCookiePassed]
 	in.Admitted = subFloor(in.Demand, in.fixed+limited)
 	in.Overflow = k.queues.account(subFloor(sum[counterSeen], sum[counterPassed]))
 	in.Served = subFloor(sum[counterPassed], in.Overflow)
@@ -368,6 +375,11 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 	if f == nil {
 		return ErrClosed
 	}
+	for i, c := range conns {
+		if err := checkUDP(c); err != nil {
+			return fmt.Errorf("rrl: run capacity controller: socket %d: %w", i, err)
+		}
+	}
 	r, k, lock, err := f.startPinnedCapacity(conns)
 	if err != nil {
 		return err
@@ -397,7 +409,7 @@ func (f *Filter) startPinnedCapacity(conns []syscall.Conn) (*capacityRun, *kerne
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
-	case f.mode != ModeEBPF || f.objs == nil:
+	case f.mode != ModeEBPF || f.objs == nil || f.closing:
 		return nil, nil, nil, ErrClosed
 	case f.pin == nil:
 		return nil, nil, nil, errors.New("rrl: run capacity controller: not a pinned filter (a Filter this process loaded runs its own)")

@@ -42,14 +42,24 @@ var errNoSocket = errors.New("rrl: capacity auto: no socket whose receive queue 
 var errCapacityOff = errors.New("rrl: capacity: off in the configuration (keyword capacity); the controller waits for it")
 
 // capacityRun is one running controller.
+//
+// Its goroutine calls the event function (overload events) holding no lock, as the
+// last thing of a sample, and the function may call anything, Close included, on the
+// Protection or Filter the controller runs for, from that goroutine. So whoever stops
+// the controller waits for its goroutine only when it is not in the event function
+// (halt): waiting there would wait for the caller itself, or for a function blocked
+// on a lock the one who stops holds. A controller told to stop while in the function
+// touches nothing more, and its goroutine returns as soon as the function does.
 type capacityRun struct {
-	stop chan struct{}
-	done chan struct{}
+	stop chan struct{} // closed by halt
+	done chan struct{} // closed when the goroutine has returned
 
-	mu     sync.Mutex
-	status CapacityStats
-	cfg    *Config // for events and the configured capacity; replaced by update
-	events eventBudget
+	mu      sync.Mutex
+	stopped bool // halt was called
+	calling bool // the goroutine is in the event function
+	status  CapacityStats
+	cfg     *Config // for events and the configured capacity; replaced by update
+	events  eventBudget
 	// started: the current overload's start was reported (so its stop is too).
 	started bool
 }
@@ -70,17 +80,47 @@ func idleCapacityStats(cfg *Config) CapacityStats {
 	return CapacityStats{Auto: cfg.capacity < 0, Capacity: max(cfg.capacity, 0)}
 }
 
-// stopAndWait ends the controller and waits for it; the limits it set stay.
+// halt tells the controller to stop: it ends at once when it waits for its next
+// sample, else once the sample under way is done, and reports no more events. It
+// returns whether the controller may be waited for: false while its goroutine is in
+// the event function.
+func (r *capacityRun) halt() (waitable bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.stopped {
+		r.stopped = true
+		close(r.stop)
+	}
+	return !r.calling
+}
+
+// stopAndWait ends the controller and waits for it, unless its goroutine is in the
+// event function (see halt); the limits it set stay.
 func (r *capacityRun) stopAndWait() {
 	if r == nil {
 		return
 	}
-	select {
-	case <-r.stop:
-	default:
-		close(r.stop)
+	if r.halt() {
+		<-r.done
 	}
-	<-r.done
+}
+
+// report gives ev to fn unless the controller was told to stop, marking the
+// goroutine as in the event function meanwhile.
+func (r *capacityRun) report(fn func(LimitEvent), ev LimitEvent) {
+	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		return
+	}
+	r.calling = true
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.calling = false
+		r.mu.Unlock()
+	}()
+	fn(ev)
 }
 
 // update gives the controller a new Config (the capacity keyword, events).
@@ -120,14 +160,10 @@ func (r *capacityRun) run(src capacitySource, clock func() int64) {
 		cfg := r.cfg
 		r.mu.Unlock()
 		if cfg.capacity != configured {
-			// Auto and configured capacities measure differently: start afresh,
-			// keeping a measured capacity when it stays measured.
-			measured := ctrl.capacity
+			// Another capacity: start afresh (the controller keeps nothing
+			// that the next samples do not give it again).
 			configured = cfg.capacity
 			ctrl = newCapacityController(configured)
-			if configured <= 0 {
-				ctrl.capacity = measured
-			}
 		}
 		r.step(ctrl, src, clock(), cfg)
 		t.Reset(ctrl.sampleEvery())
@@ -168,11 +204,8 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 		}
 	}
 	st := ctrl.status()
-	if ev, ok := r.event(dec, st, now, cfg); ok {
-		cfg.eventFunc(ev) // outside r.mu: the function may call Stats
-	}
+	ev, report := r.event(dec, st, now, cfg)
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.status = CapacityStats{
 		Auto: ctrl.configured <= 0, Capacity: st.capacity, Overloaded: st.overloaded,
 		Demand: st.demand, Target: st.target, Overloads: st.overloads,
@@ -186,11 +219,14 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 	if problem != nil {
 		r.status.Problem = problem.Error()
 	}
+	published := r.status
+	r.mu.Unlock()
 	if shared != nil {
-		st := r.status
-		r.mu.Unlock()
-		shared.publish(st) // a pinned filter's controller tells every process
-		r.mu.Lock()
+		shared.publish(published) // a pinned filter's controller tells every process
+	}
+	if report {
+		// Last, holding no lock: the function may call Stats, Update or Close.
+		r.report(cfg.eventFunc, ev)
 	}
 }
 

@@ -73,11 +73,19 @@ const clockLateTicks = 2
 const clockRecoverTicks = 100
 
 var coarse struct {
-	now     atomic.Int64 // nanoseconds since clockBase at the last refresh
-	used    atomic.Bool  // read since the last tick
-	running atomic.Bool  // the ticking goroutine is running
-	late    atomic.Bool  // the goroutine has fallen behind: readers read the clock
+	now   atomic.Int64  // nanoseconds since clockBase at the last refresh
+	state atomic.Uint32 // clockUsed | clockRunning | clockLate: one load tells a read what to do
 }
+
+// The bits of coarse.state.
+const (
+	clockUsed    = 1 << iota // read since the last tick
+	clockRunning             // the ticking goroutine is running
+	clockLate                // the goroutine has fallen behind: readers read the clock
+)
+
+// clockIsLate reports whether the clock is late.
+func clockIsLate() bool { return coarse.state.Load()&clockLate != 0 }
 
 // clockBase carries a monotonic reading: time.Since(clockBase) is monotonic.
 var clockBase = time.Now()
@@ -88,20 +96,39 @@ var clockBase = time.Now()
 //go:linkname cheaprand runtime.cheaprand
 func cheaprand() uint32
 
-// coarseNanos returns the coarse clock in nanoseconds since clockBase.
+// coarseNanos returns the coarse clock in nanoseconds since clockBase. The common
+// case (running, read already this tick, not late) costs one load of the state, the
+// draw and the load of the reading.
 func coarseNanos() int64 {
-	if !coarse.used.Load() {
-		coarse.used.Store(true) // written once per tick at most, not per call
+	if coarse.state.Load() == clockUsed|clockRunning {
+		if cheaprand()&clockSampleMask != 0 {
+			return coarse.now.Load()
+		}
+		return sampleClock()
 	}
-	if coarse.running.Load() {
-		if !coarse.late.Load() && cheaprand()&clockSampleMask != 0 {
+	return coarseNanosSlow()
+}
+
+// coarseNanosSlow is coarseNanos for the first read of a tick, a read while the clock
+// is late, and a read that finds the goroutine stopped (which starts it).
+func coarseNanosSlow() int64 {
+	st := coarse.state.Load()
+	if st&clockUsed == 0 {
+		coarse.state.Or(clockUsed) // written once per tick at most, not per call
+	}
+	if st&clockRunning != 0 {
+		if st&clockLate == 0 && cheaprand()&clockSampleMask != 0 {
 			return coarse.now.Load()
 		}
 		return sampleClock()
 	}
 	n := refreshClock(int64(time.Since(clockBase)))
-	if coarse.running.CompareAndSwap(false, true) {
-		go tickClock()
+	for st&clockRunning == 0 {
+		if coarse.state.CompareAndSwap(st, st|clockRunning|clockUsed) {
+			go tickClock()
+			break
+		}
+		st = coarse.state.Load()
 	}
 	return n
 }
@@ -112,11 +139,11 @@ func coarseNanos() int64 {
 func sampleClock() int64 {
 	n := int64(time.Since(clockBase))
 	if behind := n - coarse.now.Load(); behind > int64(clockTick) {
-		if behind > clockLateTicks*int64(clockTick) && !coarse.late.Load() && goroutinesWaiting() > 1 {
+		if behind > clockLateTicks*int64(clockTick) && !clockIsLate() && goroutinesWaiting() > 1 {
 			// Nobody refreshed the reading for two ticks, the goroutine included,
 			// while others than it wait for a P: it is starved, or about to be
 			// found so. Readers read the clock until its ticks come on time again.
-			coarse.late.Store(true)
+			coarse.state.Or(clockLate)
 		}
 		return refreshClock(n)
 	}
@@ -182,24 +209,24 @@ func tickClock() {
 			// Twice in a row: once is a pause of the whole process, such as a
 			// garbage collection's.
 			if stale++; stale >= 2 {
-				coarse.late.Store(true)
+				coarse.state.Or(clockLate)
 			}
 			calmSince = n
 		case starved:
 			stale, calmSince = 0, n
 		default:
 			stale = 0
-			if n-calmSince >= clockRecoverTicks*int64(clockTick) && coarse.late.Load() {
-				coarse.late.Store(false)
+			if n-calmSince >= clockRecoverTicks*int64(clockTick) && clockIsLate() {
+				coarse.state.And(^uint32(clockLate))
 			}
 		}
 		refreshClock(n)
-		if coarse.used.Swap(false) {
+		if coarse.state.And(^uint32(clockUsed))&clockUsed != 0 {
 			idle = 0
 			continue
 		}
 		if idle++; idle >= clockIdleTicks {
-			coarse.running.Store(false)
+			coarse.state.And(^uint32(clockRunning))
 			return
 		}
 	}

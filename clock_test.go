@@ -95,10 +95,10 @@ func TestCoarseClockSaturated(t *testing.T) {
 	// read an old time; it is seen at the first sampled read or late tick. If it is
 	// not seen within a second, the reading was kept fresh all along, and the check
 	// below holds from then on anyway.
-	for deadline := time.Now().Add(time.Second); !coarse.late.Load() && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(time.Second); !clockIsLate() && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
-	t.Logf("clock late: %v", coarse.late.Load())
+	t.Logf("clock late: %v", clockIsLate())
 	from.Store(int64(time.Since(clockBase)))
 	time.Sleep(runFor)
 	stop.Store(true)
@@ -127,10 +127,10 @@ func TestCoarseClockSaturated(t *testing.T) {
 func TestCoarseClockLateEndsUnharmed(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	coarseNanos() // the ticking goroutine runs
-	coarse.late.Store(true)
+	coarse.state.Or(clockLate)
 	start := time.Now()
 	var sink int64
-	for coarse.late.Load() {
+	for clockIsLate() {
 		if time.Since(start) > 2*time.Second {
 			t.Fatal("the clock is still late after 2 s of one goroutine reading it")
 		}

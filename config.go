@@ -526,6 +526,10 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 func (c *Config) SetValue(keyword, value string) error {
 	k, ok := lookupKeyword(keyword)
 	if !ok {
+		if cs, err := parseSecrets(value); err == nil && cs != nil {
+			// A misspelt cookie-secret: its value is a secret all the same.
+			value = redacted
+		}
 		return &ConfigError{Keyword: keyword, Value: value, Reason: "unknown keyword"}
 	}
 	// Parse into a copy so that a refused value leaves c unchanged.
@@ -547,10 +551,13 @@ func (c *Config) SetNowFunc(now func() time.Time) { c.nowFunc = now }
 
 // SetEventFunc has the RRL and Limiter made from c report limiting events to fn (see
 // LimitEvent; SlogEvents logs them), and a Protection the kernel filter's too (see
-// Filter.WatchLimited); nil, the default, turns events off. fn is called
-// in the goroutine of a Debit, Allow or Update call, or of the timer that reports
-// events when no traffic comes (see LimitEvent), outside the limiter's locks, so it
-// should be quick; it may call the limiter.
+// Filter.WatchLimited), and a capacity controller its overloads; nil, the default,
+// turns events off. fn is called in the goroutine of a Debit or Allow call, of the
+// timer that reports events when no traffic comes (see LimitEvent), of a Protection's
+// watch of the kernel filter or of a capacity controller, holding none of the
+// package's locks, so it should be quick. It may call anything on what reported the
+// event (the RRL, Limiter, Filter or Protection), Close included: a Close from fn
+// returns without waiting for fn's goroutine, which ends when fn returns.
 func (c *Config) SetEventFunc(fn func(LimitEvent)) { c.eventFunc = fn }
 
 // eventsPerSec is the events-per-second bound in force: the keyword's, or its

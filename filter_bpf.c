@@ -10,8 +10,13 @@
 // the same verdicts and the same sketch cells in both. Any change there is a change
 // here, and LAYOUT_VERSION (bpf/common.h) moves with it.
 //
-// Any internal failure (a map lookup that fails, a header that cannot be read) passes
-// the packet: the filter must never drop legitimate traffic through its own fault.
+// Every packet is judged or dropped. One the parser cannot follow to a UDP header
+// (more IPv6 extension headers than it walks, a later fragment, a protocol other
+// than UDP, headers cut short) is dropped, counted in COUNTER_DROP_UNFOLLOWED: on a
+// UDP socket it is in a form no resolver sends (docs/kernel-filter.md says why), and
+// passing it unjudged would let any sender past every limit. An internal failure (a
+// map lookup that fails) passes the packet: the filter must never drop legitimate
+// traffic through its own fault.
 
 #define RRL_HOOK_SOCKET
 #include "bpf/judge.h"
@@ -19,6 +24,18 @@
 #include "bpf/test.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
+
+// The verifier and least privilege. The program loads for a process with CAP_BPF and
+// CAP_PERFMON (TestAttachLeastPrivilege), not with CAP_BPF alone: for a process
+// without CAP_PERFMON the verifier masks every instruction that adds a register to a
+// pointer against Spectre v1, one mask per instruction, and refuses one that sees a
+// different constant on different paths (clang makes those out of loops over arrays
+// and out of the merged increments of count); and once a pointer moves by an unknown
+// value (the reflection-port bitmap, the decay table, the limited counters, the
+// cookie scan) it compares states exactly, stops pruning, and runs out of its million
+// instructions. Attach therefore asks for CAP_PERFMON too (verifierTrusts in
+// filter_objects.go). The XDP program (xdp_bpf.c) is loaded by AttachXDP, which
+// needs CAP_BPF and CAP_NET_ADMIN, and runs the same code.
 
 // filter judges one packet with the settings s, counting in c (either may be NULL,
 // a failed lookup); now (ns) and test_rnd (a uniform 32-bit draw, or NULL for
@@ -38,14 +55,12 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 		count(c, COUNTER_ERROR);
 		goto pass;
 	}
-	switch (parsed) {
-	case PARSE_OK:
-		break;
-	case PARSE_NOT_DNS:
-		count(c, COUNTER_NOT_DNS);
-		goto pass;
-	default:
-		count(c, COUNTER_ERROR);
+	if (parsed != PARSE_OK) {
+		// Every packet is judged or dropped (see the top of the file).
+		count(c, COUNTER_DROP_UNFOLLOWED);
+		if (!s->report_only)
+			return 0;
+		count(c, COUNTER_REPORT_ONLY);
 		goto pass;
 	}
 	__u32 rnd;

@@ -19,6 +19,7 @@ package rrl
 // judged stale is judged as no cookie, never dropped for it.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -39,8 +40,11 @@ const wallResync = time.Hour
 type kernelCookies struct {
 	c       *Cookies
 	secrets *ebpf.Map
-	clock   *os.File      // the timerfd that wakes on clock steps
-	ended   chan struct{} // closed when the goroutine watching clock has returned
+	// mark, for a pinned filter, records which secrets the kernel holds after each
+	// write (pinState.markCookies); nil otherwise.
+	mark  func(*cookieKeys)
+	clock *os.File      // the timerfd that wakes on clock steps
+	ended chan struct{} // closed when the goroutine watching clock has returned
 
 	mu     sync.Mutex
 	closed bool
@@ -56,7 +60,9 @@ func (kc *kernelCookies) setCookieKeys(k *cookieKeys) {
 	// A failed write (it needs only a valid descriptor and key, which it has)
 	// would leave the previous secrets in the kernel: cookies made with the new
 	// one would be judged as without a cookie, never dropped for it.
-	_ = writeCookieSecrets(kc.secrets, k)
+	if writeCookieSecrets(kc.secrets, k) == nil && kc.mark != nil {
+		kc.mark(k)
+	}
 }
 
 // rewrite writes the current keys and wall-clock offset again.
@@ -192,4 +198,161 @@ func openCookieSecrets(objs *kernelObjects, spec *ebpf.CollectionSpec, pinDir st
 	}
 	objs.CookieSecrets = m
 	return nil
+}
+
+// A Config's cookie-secret reaches the kernel filter without a Cookies: Attach and
+// LoadPinned write it, and Filter.Update with one writes it, keeping the secret it
+// replaces accepted (as Cookies.Rotate does) unless the Config names both. A
+// Protection, whose Cookies hold the secrets and follow them into the filter
+// (UseCookies), gives the filter its Config without them (withoutSecrets).
+//
+// rrl_cookie_secrets is write-only to all but root, so what a pinned filter holds is
+// also told, without the secrets, by two flags in the header of rrl_config, written
+// with every change of the secrets (and carried over by every other write of the
+// settings): Stats reports them as FilterStats.CookieSecrets, for any process that
+// may read the pins.
+
+const (
+	configCookieCurrent  = 2 // rrl_cookie_secrets holds a secret
+	configCookiePrevious = 4 // and a previous one, accepted too
+	configCookieBits     = configCookieCurrent | configCookiePrevious
+)
+
+// cookieFlags are the rrl_config flags for k (nil: no secrets).
+func cookieFlags(k *cookieKeys) uint32 {
+	switch {
+	case k == nil:
+		return 0
+	case k.hasPrev:
+		return configCookieCurrent | configCookiePrevious
+	}
+	return configCookieCurrent
+}
+
+// secretCount is the number of secrets the flags say the kernel holds.
+func secretCount(flags uint32) int {
+	switch {
+	case flags&configCookieCurrent == 0:
+		return 0
+	case flags&configCookiePrevious != 0:
+		return 2
+	}
+	return 1
+}
+
+// keysOf returns the keys of a Config's secrets.
+func keysOf(cs *configSecrets) *cookieKeys {
+	k := &cookieKeys{current: newSipKey(cs.current)}
+	if cs.previous != nil {
+		k.previous, k.hasPrev = newSipKey(*cs.previous), true
+	}
+	return k
+}
+
+// withoutSecrets returns c without its cookie secrets (c itself when it has none).
+func (c *Config) withoutSecrets() *Config {
+	if c.secrets == nil {
+		return c
+	}
+	d := c.clone()
+	d.secrets = nil
+	return d
+}
+
+// updateSecrets returns the keys Update writes for cs, a Config's secrets: both of
+// them when it names two; else its one, with the secret in force before it accepted
+// too, unless that is the same one (so giving the current secret alone again stops
+// accepting the previous one). f.mu is held.
+func (f *Filter) updateSecrets(cs *configSecrets) (*cookieKeys, error) {
+	if f.cookies != nil {
+		return nil, fmt.Errorf("rrl: cookie-secret: %w: the filter verifies the secrets of a Cookies (UseCookies): change them there (Cookies.Rotate)", ErrNotSupported)
+	}
+	if f.objs.CookieSecrets == nil {
+		return nil, fmt.Errorf("rrl: cookie-secret: %w: %s is not writable for uid %d", ErrNotPermitted, filepath.Join(f.pin.dir, pinCookieSecrets), os.Geteuid())
+	}
+	k := keysOf(cs)
+	if cs.previous != nil {
+		return k, nil
+	}
+	old, err := f.secretsInForce()
+	if err != nil {
+		return nil, err
+	}
+	if old != nil && old.current != k.current {
+		k.previous, k.hasPrev = old.current, true
+	}
+	return k, nil
+}
+
+// secretsInForce reads the secrets the kernel holds (nil: none). A pinned filter's
+// can be read only by root; when a secret is in force there and this process may
+// not read it, the error says to name it. f.mu is held.
+func (f *Filter) secretsInForce() (*cookieKeys, error) {
+	m := f.objs.CookieSecrets
+	if f.pin != nil {
+		if _, _, err := f.pin.readConfig(f.objs); err == nil && f.pin.flags&configCookieCurrent == 0 {
+			return nil, nil // none to keep
+		}
+		path := filepath.Join(f.pin.dir, pinCookieSecrets)
+		rm, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			if isPermission(err) {
+				return nil, fmt.Errorf("rrl: cookie-secret: %w: keeping the secret in force accepted means reading %s, which only root may (uid %d): give the new secret and the one in force, cookie-secret \"NEW CURRENT\"",
+					ErrNotPermitted, path, os.Geteuid())
+			}
+			return nil, openError(path, err)
+		}
+		defer rm.Close()
+		m = rm
+	}
+	if m == nil {
+		return nil, nil // objects loaded without the secrets map (tests' programs) hold none
+	}
+	var v filterCookieSecrets
+	if err := m.Lookup(uint32(0), &v); err != nil {
+		return nil, fmt.Errorf("rrl: read cookie secrets: %w", err)
+	}
+	if v.HasCurrent == 0 {
+		return nil, nil
+	}
+	k := &cookieKeys{current: sipKey{v.Current.K0, v.Current.K1}}
+	if v.HasPrevious != 0 {
+		k.previous, k.hasPrev = sipKey{v.Previous.K0, v.Previous.K1}, true
+	}
+	return k, nil
+}
+
+// markCookies records in the header of the rrl_config slot in force that the kernel
+// holds the secrets k (nil: none), for the Stats of every process; the Config text is
+// left as it is. A flip of the settings meanwhile makes it look again. Nothing
+// happens when the pins are read-only here.
+func (p *pinState) markCookies(objs *kernelObjects, k *cookieKeys) {
+	if p.readOnly != "" {
+		return
+	}
+	applyMu.Lock()
+	defer applyMu.Unlock()
+	want := cookieFlags(k)
+	v := make([]byte, configValueSize)
+	for range 10 {
+		h, err := objs.settingsMaps().header()
+		if err != nil {
+			return
+		}
+		slot := uint32(h.Slot & 1)
+		if err := p.config.Lookup(slot, &v); err != nil || binary.LittleEndian.Uint32(v[0:]) != configMagic {
+			return
+		}
+		flags := binary.LittleEndian.Uint32(v[4:])
+		if flags&configCookieBits == want {
+			return
+		}
+		binary.LittleEndian.PutUint32(v[4:], flags&^configCookieBits|want)
+		if err := p.config.Put(slot, v); err != nil {
+			return
+		}
+		if now, err := objs.settingsMaps().header(); err == nil && now.Generation == h.Generation {
+			return
+		}
+	}
 }

@@ -46,6 +46,9 @@ func (f *Filter) UseCookies(c *Cookies) error {
 	if c != nil {
 		// The clock watch first: failing, it has changed nothing.
 		kc = &kernelCookies{c: c, secrets: f.objs.CookieSecrets}
+		if pin, objs := f.pin, f.objs; pin != nil {
+			kc.mark = func(k *cookieKeys) { pin.markCookies(objs, k) }
+		}
 		if err := kc.openClock(); err != nil {
 			return err
 		}
@@ -82,6 +85,9 @@ func (f *Filter) switchCookies(kc *kernelCookies) error {
 		return fmt.Errorf("rrl: clear cookie secrets: %w", err)
 	case err != nil:
 		return fmt.Errorf("rrl: write cookie secrets: %w", err)
+	}
+	if f.pin != nil {
+		f.pin.markCookies(f.objs, keys)
 	}
 	f.cookies.stop()
 	f.cookies = nil

@@ -291,7 +291,16 @@ func TestKernelCookieParser(t *testing.T) {
 		{"options after", cookieQuery(1, www, opt, pad(20), ednsOption(3, nil)), verdictProven},
 		{"31 options before", cookieQuery(1, www, slicesRepeat(ednsOption(3, nil), 31), opt), verdictProven},
 		{"32 options before: not looked at", cookieQuery(1, www, slicesRepeat(ednsOption(3, nil), 32), opt), verdictNone},
-		{"cookie beyond the scanned part", cookieQuery(1, www, pad(480), opt), verdictNone},
+		{"cookie after byte 512", cookieQuery(1, www, pad(480), opt), verdictProven},
+		{"cookie early in an OPT ending after byte 512", cookieQuery(1, www, opt, pad(600)), verdictProven},
+		{"cookie early in an OPT ending after byte 1400", cookieQuery(1, www, pad(3), opt, pad(1400)), verdictProven},
+		{"cookie after a 1400-byte padding", cookieQuery(1, www, pad(1400), opt), verdictProven},
+		{"cookie after byte 512, OPT longer than the packet", func() []byte {
+			q := cookieQuery(1, www, pad(480), opt)
+			rdlen := 12 + len(www) + 4 + 9
+			binary.BigEndian.PutUint16(q[rdlen:], uint16(4+480+len(opt)+1))
+			return q
+		}(), verdictNone},
 		{"no OPT, ARCOUNT 0", dnsQuery(1, false), verdictNone},
 		{"OPT without options", cookieQuery(1, www), verdictNone},
 		{"ARCOUNT 0 with an OPT", set(cookieQuery(1, www, opt), 11, 0), verdictNone},
@@ -334,8 +343,9 @@ func TestKernelCookieParser(t *testing.T) {
 		{"client cookie first, valid second", cookieQuery(1, www, ednsOption(10, client), opt), verdictNone},
 		{"version 2", cookieQuery(1, www, ednsOption(10, set(append([]byte(nil), cookie...), 8, 2))), verdictInvalid},
 	}
+	verify := c.Verify
 	// The "OPT owner not the root" case: a one-label owner name.
-	cases[18].payload = func() []byte {
+	cases[22].payload = func() []byte {
 		q := cookieQuery(1, www, opt)
 		at := 12 + len(www) + 4
 		return append(append(append([]byte(nil), q[:at]...), 1, 'x'), q[at+1:]...)
@@ -364,6 +374,13 @@ func TestKernelCookieParser(t *testing.T) {
 		got, pass := rig.run(frame)
 		if got != c.want || !pass {
 			t.Errorf("%s: kernel %v (passed %v), want %v", c.name, got, pass, c.want)
+		}
+		// Where the kernel proves a query, so does the Go reader (rawCookie and
+		// Verify), which looks for the cookie anywhere in the message.
+		if c.want == verdictProven {
+			if ck, ok := rawCookie(c.payload); !ok || !verify(ck, src4.Addr(), wall).Valid() {
+				t.Errorf("%s: the kernel proves it, the Go reader does not", c.name)
+			}
 		}
 	}
 

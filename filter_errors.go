@@ -21,14 +21,17 @@ const enotsupp = syscall.Errno(524)
 // It unwraps to both the sentinel and the underlying error, so errors.Is matches
 // either, and errors.As finds the syscall.Errno.
 type sysError struct {
-	op       string // what was attempted, e.g. "load eBPF program"
+	op       string // what was attempted, e.g. "load eBPF program"; "": err says it
 	sentinel error  // ErrNotPermitted, ErrNotSupported, ErrOptMem
 	err      error  // the cause, usually a syscall.Errno
 	hint     string // how to fix it, or ""
 }
 
 func (e *sysError) Error() string {
-	msg := e.op + ": "
+	msg := ""
+	if e.op != "" {
+		msg = e.op + ": "
+	}
 	if e.err != nil {
 		msg += e.err.Error()
 	} else {
@@ -47,10 +50,10 @@ func (e *sysError) Unwrap() []error {
 	return []error{e.sentinel, e.err}
 }
 
-const permissionHint = "loading the eBPF socket filter needs CAP_BPF " +
-	"(CAP_SYS_ADMIN before Linux 5.8; some kernels also want CAP_NET_ADMIN); " +
-	"grant it with 'setcap cap_bpf+ep BINARY', attach before dropping privileges " +
-	"(the attached filter keeps working), or attach objects a privileged step pinned in bpffs"
+const permissionHint = "loading the eBPF socket filter needs CAP_BPF and CAP_PERFMON " +
+	"(CAP_SYS_ADMIN before Linux 5.8); grant them with 'setcap cap_bpf,cap_perfmon+ep BINARY', " +
+	"attach before dropping privileges (the attached filter keeps working), " +
+	"or attach objects a privileged step pinned in bpffs"
 
 // permissionError reports that op was refused for lack of privilege, with a message
 // saying how to grant it. err is the cause (unix.EPERM or unix.EACCES).
@@ -107,7 +110,7 @@ func loadError(op string, err error) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &verr):
-		return fmt.Errorf("%s: %w", op, err)
+		return &sysError{op: op, sentinel: ErrLoadFailed, err: err}
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
 		return permissionError(op, withoutMemlockHint(err))
 	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, enotsupp),

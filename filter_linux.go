@@ -3,6 +3,8 @@
 package rrl
 
 import (
+	"encoding/binary"
+	"fmt"
 	"slices"
 	"sync"
 	"syscall"
@@ -34,16 +36,24 @@ type Filter struct {
 	pin      *pinState         // opened from pins (filter_pin.go): Close leaves the pins in place
 	cookies  *kernelCookies    // the secrets of UseCookies (filter_cookies.go)
 	capacity filterCapacity    // the capacity controller (capacity_linux.go)
+	// closing: Close has begun. Set under mu as Close takes the capacity controller
+	// to stop it; from then on none starts, and Update and Attach refuse.
+	closing bool
 }
 
 // writeSettings makes cfg the configuration the kernel runs (filter_settings.go): it checks
 // everything first, and leaves the previous configuration in force on any error.
-func (f *Filter) writeSettings(cfg *Config) error {
+func (f *Filter) writeSettings(cfg *Config) error { return f.writeSettingsSecrets(cfg, nil) }
+
+// writeSettingsSecrets is writeSettings that also writes secrets (nil: leaves the
+// cookie secrets as they are), last before the flip (filter_cookie_secrets.go).
+func (f *Filter) writeSettingsSecrets(cfg *Config, secrets *cookieKeys) error {
 	cfg = f.capacityConfig(cfg) // the water level in force
 	if err := checkKernelConfig(cfg); err != nil {
 		return err
 	}
-	var beforeFlip func(slot uint8) error
+	var beforeFlip []func(slot uint8) error
+	var flags uint32
 	if f.pin != nil {
 		if err := f.pin.checkWritable(); err != nil {
 			return err
@@ -53,9 +63,39 @@ func (f *Filter) writeSettings(cfg *Config) error {
 			return err
 		}
 		// The Config text has a slot of its own next to each settings slot.
-		beforeFlip = func(slot uint8) error { return f.pin.saveConfig(slot, text) }
+		beforeFlip = append(beforeFlip, func(slot uint8) error {
+			flags = f.pin.flags
+			if secrets != nil {
+				flags = flags&^configCookieBits | cookieFlags(secrets)
+			} else if inForce, _, err := readConfigMap(f.pin.config, 1-slot); err == nil {
+				// Another process may have changed the secrets since this one
+				// read the flags: they stay as the slot in force says.
+				flags = flags&^configCookieBits | inForce&configCookieBits
+			}
+			binary.LittleEndian.PutUint32(text[4:], flags)
+			return f.pin.saveConfig(slot, text)
+		})
 	}
-	return f.objs.settingsMaps().apply(cfg, f.seed, beforeFlip)
+	if secrets != nil {
+		beforeFlip = append(beforeFlip, func(uint8) error {
+			if err := writeCookieSecrets(f.objs.CookieSecrets, secrets); err != nil {
+				return fmt.Errorf("rrl: write cookie secrets: %w", err)
+			}
+			return nil
+		})
+	}
+	err := f.objs.settingsMaps().apply(cfg, f.seed, func(slot uint8) error {
+		for _, step := range beforeFlip {
+			if err := step(slot); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil && f.pin != nil {
+		f.pin.flags = flags
+	}
+	return err
 }
 
 // socketOwners is which Filter of this process attached each socket last (see
@@ -153,7 +193,8 @@ func (f *Filter) refreshPinnedConfig() bool {
 	if err != nil {
 		return false
 	}
-	cfg.nowFunc = f.cfg.nowFunc
+	// The clock and the event function are this process's, not the pins'.
+	cfg.nowFunc, cfg.eventFunc = f.cfg.nowFunc, f.cfg.eventFunc
 	f.cfg = cfg
 	return true
 }

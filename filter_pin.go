@@ -44,9 +44,15 @@ const maxPinID = 1<<32 - 2
 // user database; with both -1 only root has access. No pin is ever owned by uid: an
 // owner could chmod it.
 //
-// pinDir, and each directory above it on bpffs, must be one only root can change
-// (owned by root and writable by nobody else; above pinDir, sticky also does): a
-// user who could rename or unlink entries there could replace the pins with its own.
+// pinDir, and each directory above it on bpffs, must be one only root (or the
+// caller's effective uid) can change (owned by one of them and writable by nobody
+// else; above pinDir, sticky also does): a user who could rename or unlink entries
+// there could replace the pins with its own. OpenPinned, AttachPinned and Unpin
+// check the same. bpffs allows no '.' in a name, so pinDir's own name has none.
+//
+// A cookie-secret in cfg is written into the filter's rrl_cookie_secrets, and the
+// kernel verifies server cookies made with it from the start (see UseCookies); it is
+// never stored with the Config the pins keep.
 //
 // It needs CAP_BPF (or root) and, for the ownership, CAP_CHOWN. Nothing keeps
 // running: the pins hold the filter until Unpin.
@@ -109,7 +115,13 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 	if f.seed, err = randomSeed(); err != nil {
 		return err
 	}
-	if err := f.writeSettings(f.cfg); err != nil {
+	var secrets *cookieKeys
+	if cfg.secrets != nil {
+		// The Config's cookie-secret: the kernel verifies cookies made with it
+		// from the first packet on.
+		secrets = keysOf(cfg.secrets)
+	}
+	if err := f.writeSettingsSecrets(f.cfg, secrets); err != nil {
 		return err
 	}
 	objects := map[string]interface{ Pin(string) error }{
@@ -225,12 +237,20 @@ func preparePinDir(dir string) (created bool, err error) {
 	return true, nil
 }
 
-// checkPinDirSafe fails unless only root can change which objects dir's pins name:
-// dir must be owned by root and writable by nobody else, and so must every directory
-// above it on bpffs, where sticky also does (there nobody but root may rename or
-// unlink root's entries). Both the path as given and the one its symlinks lead to
-// are checked.
+// checkPinDirSafe fails unless only root and the caller (its effective uid) can
+// change which objects dir's pins name: dir must be owned by one of them and writable
+// by nobody else, and so must every directory above it on bpffs, where sticky also
+// does (there nobody else may rename or unlink their entries). Both the path as
+// given and the one its symlinks lead to are checked. Every entry point that opens
+// or creates pins calls it (LoadPinned, OpenPinned and so AttachPinned and
+// WithPinned, Unpin): pins in a directory another user controls may be that user's
+// objects, pinned under the expected names.
 func checkPinDirSafe(dir string) error {
+	euid := uint32(os.Geteuid())
+	trusted := "root"
+	if euid != 0 {
+		trusted = fmt.Sprintf("root and uid %d", euid)
+	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return fmt.Errorf("rrl: %w", err)
@@ -252,13 +272,13 @@ func checkPinDirSafe(dir string) error {
 			sys, _ := fi.Sys().(*syscall.Stat_t)
 			if fi.Mode()&fs.ModeSymlink == 0 && sys != nil {
 				writable := fi.Mode().Perm()&0o022 != 0 && (top || fi.Mode()&fs.ModeSticky == 0)
-				if sys.Uid != 0 || writable {
+				if sys.Uid != 0 && sys.Uid != euid || writable {
 					what := "pin directory " + dir
 					if d != abs {
 						what += ": " + d
 					}
-					return fmt.Errorf("rrl: %s (owner uid %d gid %d, mode %s) can be changed by users other than root, who could replace the pins with their own: use a directory only root can write",
-						what, sys.Uid, sys.Gid, fi.Mode())
+					return fmt.Errorf("rrl: %s (owner uid %d gid %d, mode %s) can be changed by users other than %s, who could replace the pins with their own: refusing it; use a directory only %s can write",
+						what, sys.Uid, sys.Gid, fi.Mode(), trusted, trusted)
 				}
 			}
 			if d == "/" {
@@ -277,6 +297,10 @@ func checkBPFFS(path string) error {
 		switch {
 		case errors.Is(err, unix.ENOENT):
 			return fmt.Errorf("rrl: pin directory %s does not exist: %w", path, fs.ErrNotExist)
+		case isPermission(err) && dottedOnBPFFS(path):
+			// bpffs refuses to look up or create such names, even for root: say
+			// so rather than blame permissions.
+			return fmt.Errorf("rrl: pin directory %s: %w: bpffs allows no '.' in a name (%q)", path, fs.ErrInvalid, filepath.Base(filepath.Clean(path)))
 		case isPermission(err):
 			return accessError(path, err)
 		}
@@ -288,12 +312,24 @@ func checkBPFFS(path string) error {
 	return nil
 }
 
+// dottedOnBPFFS reports whether path's last element has a dot and its parent is on
+// bpffs, which refuses such names.
+func dottedOnBPFFS(path string) bool {
+	path = filepath.Clean(path)
+	var st unix.Statfs_t
+	return strings.Contains(filepath.Base(path), ".") &&
+		unix.Statfs(filepath.Dir(path), &st) == nil && uint32(st.Type) == unix.BPF_FS_MAGIC
+}
+
 // Unpin removes the pins LoadPinned made in pinDir, and pinDir itself if LoadPinned
 // created it and nothing else is left in it. Processes that attached the filter keep
 // it (the kernel frees the program and maps when the last socket and descriptor go)
 // but can no longer be reconfigured through the pins.
 func Unpin(pinDir string) error {
 	if err := checkBPFFS(pinDir); err != nil {
+		return err
+	}
+	if err := checkPinDirSafe(pinDir); err != nil {
 		return err
 	}
 	var flags uint32
@@ -335,11 +371,18 @@ func Unpin(pinDir string) error {
 // errors.Is(err, ErrNotPermitted) holds. Close detaches the filter from this
 // process's sockets and closes its descriptors; the pins stay.
 //
+// pinDir and the directories above it on bpffs must pass LoadPinned's check (only
+// root and the caller may change them): pins in a directory another user controls
+// may be that user's objects, and are refused.
+//
 // Errors say what is wrong: errors.Is(err, ErrNotMounted) when pinDir is not on
 // bpffs, fs.ErrNotExist when pinDir or a pin is missing, ErrNotPermitted (naming the
 // path and the user) when a pin may not be opened, ErrLayoutMismatch when the pins
 // were made by a library with another map layout.
 func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) {
+	if err := checkUDP(conn); err != nil {
+		return nil, fmt.Errorf("rrl: attach pinned filter: %w", err)
+	}
 	f, err := OpenPinned(pinDir)
 	if err != nil {
 		return nil, err
@@ -362,6 +405,9 @@ func AttachPinned(conn syscall.Conn, pinDir string) (*Filter, error) {
 // Errors are those of AttachPinned.
 func OpenPinned(pinDir string) (*Filter, error) {
 	if err := checkBPFFS(pinDir); err != nil {
+		return nil, err
+	}
+	if err := checkPinDirSafe(pinDir); err != nil {
 		return nil, err
 	}
 	objs := &kernelObjects{}

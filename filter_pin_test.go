@@ -43,7 +43,11 @@ type pinEnv struct {
 	base, mnt, bin string
 }
 
-func newPinEnv(t testing.TB) *pinEnv {
+func newPinEnv(t testing.TB) *pinEnv { return newPinEnvMode(t, "0755") }
+
+// newPinEnvMode is newPinEnv with the bpffs root given mode (octal, e.g. "1777",
+// the kernel's default).
+func newPinEnvMode(t testing.TB, mode string) *pinEnv {
 	t.Helper()
 	requireBPF(t)
 	base, err := os.MkdirTemp("", "rrl-pin-")
@@ -58,7 +62,7 @@ func newPinEnv(t testing.TB) *pinEnv {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("bpf", mnt, "bpf", 0, "mode=0755"); err != nil {
+	if err := unix.Mount("bpf", mnt, "bpf", 0, "mode="+mode); err != nil {
 		t.Fatalf("mount bpffs on %s: %v", mnt, err)
 	}
 	t.Cleanup(func() {

@@ -22,7 +22,7 @@ func (f *Filter) Stats() (FilterStats, error) {
 	if err != nil {
 		return st, fmt.Errorf("rrl: read counters: %w", err)
 	}
-	st.Seen, st.Passed, st.NotDNS = sum[counterSeen], sum[counterPassed], sum[counterNotDNS]
+	st.Seen, st.Passed, st.NotDNS = sum[counterSeen], sum[counterPassed], sum[counterDropUnfollowed]
 	st.DroppedShort, st.DroppedResponse, st.DroppedReflection = sum[counterDropShort], sum[counterDropResponse], sum[counterDropReflection]
 	st.Exempt, st.ReportOnly, st.Errors = sum[counterExempt], sum[counterReportOnly], sum[counterError]
 	st.CookiePassed, st.CookieInvalid = sum[counterCookiePassed], sum[counterCookieInvalid]
@@ -31,7 +31,17 @@ func (f *Filter) Stats() (FilterStats, error) {
 	// Each level counts in a counter of its own (limitedCounter), so a counter's
 	// label never changes; which levels are in force, and their limits, are read
 	// from the settings the kernel runs, whichever process wrote them.
-	set, _, err := f.objs.settingsMaps().active(nil)
+	var read func(slot uint8) error
+	if f.pin != nil && f.pin.config != nil {
+		read = func(slot uint8) error {
+			flags, _, err := readConfigMap(f.pin.config, slot)
+			st.CookieSecrets = secretCount(flags)
+			return err
+		}
+	} else if k, err := f.secretsInForce(); err == nil {
+		st.CookieSecrets = secretCount(cookieFlags(k))
+	}
+	set, _, err := f.objs.settingsMaps().active(read)
 	if err != nil {
 		return st, err
 	}

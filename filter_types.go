@@ -75,14 +75,14 @@ func (m FilterMode) String() string {
 // FilterStats are a request limiter's counters since it was made: the kernel
 // filter's (Filter.Stats, summed over CPUs) or the Go Limiter's (Limiter.Stats, Mode
 // ModeNone, without the checks only the kernel makes). Every packet counts in Seen
-// and then in Passed or in one reason counter (DroppedShort, DroppedResponse,
-// DroppedReflection, or a node's Limited). In report-only mode a packet counted
+// and then in Passed or in one reason counter (NotDNS, DroppedShort,
+// DroppedResponse, DroppedReflection, or a node's Limited). In report-only mode a packet counted
 // under a reason is also counted in ReportOnly and Passed, since nothing is withheld.
 type FilterStats struct {
 	Mode              FilterMode
 	Seen              uint64 // packets judged
 	Passed            uint64 // packets delivered to the socket
-	NotDNS            uint64 // not UDP, or later IP fragments: passed unjudged
+	NotDNS            uint64 // dropped: headers the filter cannot follow to UDP (docs/kernel-filter.md)
 	DroppedShort      uint64 // shorter than a DNS header and a minimal question
 	DroppedResponse   uint64 // QR bit set: responses reflected at the server
 	DroppedReflection uint64 // from a reflection-ports source port
@@ -92,7 +92,13 @@ type FilterStats struct {
 	CookiePassed      uint64 // passed on a valid server cookie, judged only in their address's level (Filter.UseCookies)
 	CookieInvalid     uint64 // carried a server cookie that did not verify: judged as without one
 	Slipped           uint64 // limited, and answered at the driver with a truncated response (XDP mode, AttachXDP)
-	Nodes             []NodeStats
+	// CookieSecrets is how many server cookie secrets the eBPF filter verifies
+	// cookies with: 0 (it looks at no cookie), 1, or 2 (a previous one accepted
+	// too). Never the secrets themselves. For a pinned filter it is what the
+	// writers of this library recorded with the pins (rrl_cookie_secrets itself is
+	// write-only).
+	CookieSecrets int
+	Nodes         []NodeStats
 	// Capacity reports the capacity mode (Config keyword capacity), nil when it is
 	// off. With it on, a level's Limit is the water level times its factor during
 	// an overload and its static limit otherwise (2^32 for none).

@@ -185,6 +185,7 @@ func (l *Limiter) Update(cfg *Config) error {
 	default:
 		ev.mu.Lock()
 		ev.fn, ev.budget.perSec = cfg.eventFunc, cfg.eventsPerSec()
+		ev.ticks.off = false // a Protection's Close may have stopped the timer; the next sweep arms it
 		ev.mu.Unlock()
 	}
 	return nil

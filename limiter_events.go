@@ -237,3 +237,13 @@ func (ev *groupTracker) stopTicks() {
 	ev.ticks.stop()
 	ev.mu.Unlock()
 }
+
+// stopEventTicks turns the events' timer off (a Protection's Close): events come
+// only with packets judged from now on, until an Update.
+func (l *Limiter) stopEventTicks() {
+	l.updateMu.Lock()
+	defer l.updateMu.Unlock()
+	if ev := l.events.Load(); ev != nil {
+		ev.stopTicks()
+	}
+}

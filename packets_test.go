@@ -56,6 +56,7 @@ type reception struct {
 	at   time.Duration // since the collection started
 	from netip.AddrPort
 	size int
+	id   uint16 // the datagram's first two bytes: a query's ID
 }
 
 // collect reads until stop is closed and then no datagram has arrived for quiet
@@ -63,7 +64,11 @@ type reception struct {
 func (s *udpServer) collect(start time.Time, stop <-chan struct{}, quiet, max time.Duration) []reception {
 	var got []reception
 	loadgen.ReadUntil(s.conn, stop, quiet, max, func(b []byte, from netip.AddrPort) {
-		got = append(got, reception{time.Since(start), from, len(b)})
+		var id uint16
+		if len(b) >= 2 {
+			id = uint16(b[0])<<8 | uint16(b[1])
+		}
+		got = append(got, reception{time.Since(start), from, len(b), id})
 	})
 	return got
 }

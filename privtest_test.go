@@ -101,6 +101,26 @@ func checkUnprivileged(t testing.TB) {
 	}
 }
 
+// checkOnlyCaps fails t unless the process runs as unprivilegedID with exactly the
+// capabilities caps in its effective set.
+func checkOnlyCaps(t testing.TB, caps ...int) {
+	t.Helper()
+	if os.Geteuid() != unprivilegedID || os.Getegid() != unprivilegedID {
+		t.Fatalf("child runs as uid %d gid %d, want %d", os.Geteuid(), os.Getegid(), unprivilegedID)
+	}
+	have, err := effectiveCaps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want uint64
+	for _, c := range caps {
+		want |= 1 << c
+	}
+	if have != want {
+		t.Fatalf("child has capabilities %#x, want exactly %#x", have, want)
+	}
+}
+
 // runUnprivileged runs the test named testName (a top-level test function of this
 // package) in a copy of the test binary as uid and gid 65534 with no supplementary
 // groups and no capabilities, and fails t unless that test passes there; the child's
@@ -120,6 +140,15 @@ func runUnprivileged(t *testing.T, testName string) {
 // error when it did not pass, with extra environment variables for the child.
 func unprivilegedRun(t *testing.T, testName string, env ...string) ([]byte, error) {
 	t.Helper()
+	return unprivilegedRunCaps(t, testName, nil, env...)
+}
+
+// unprivilegedRunCaps is unprivilegedRun with the capabilities caps raised in the
+// child's ambient set, so that they are its whole effective set after exec: what
+// `setpriv --reuid 65534 --regid 65534 --clear-groups --inh-caps +cap --ambient-caps
+// +cap` gives a program. The child checks them with checkOnlyCaps.
+func unprivilegedRunCaps(t *testing.T, testName string, caps []uintptr, env ...string) ([]byte, error) {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		exe = os.Args[0]
@@ -133,8 +162,9 @@ func unprivilegedRun(t *testing.T, testName string, env ...string) ([]byte, erro
 	cmd.Env = append(append(os.Environ(), unprivilegedEnv+"=1", "GORACE="+race), env...)
 	cmd.Dir = filepath.Dir(exe) // the package directory may be closed to unprivilegedID
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: unprivilegedID, Gid: unprivilegedID, Groups: []uint32{}},
-		Pdeathsig:  syscall.SIGKILL,
+		Credential:  &syscall.Credential{Uid: unprivilegedID, Gid: unprivilegedID, Groups: []uint32{}},
+		Pdeathsig:   syscall.SIGKILL,
+		AmbientCaps: caps,
 	}
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()

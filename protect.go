@@ -63,6 +63,9 @@ type Protection struct {
 	done          bool
 	watch         *kernelWatch // the eBPF filter's limiting events; nil without that filter
 	capacity      *capacityRun // the Go Limiter's capacity controller (capacity_go.go), under limMu
+	// capClosed: Close has begun, under limMu; from then on no controller starts
+	// (startCapacity), whatever an Update or a first query racing Close does.
+	capClosed bool
 }
 
 // heldSocket is one UDP socket a Protection protects.
@@ -177,8 +180,8 @@ var errFilterOff = errors.New("rrl: kernel filter turned off (WithoutFilter)")
 // instead: in the server's reader for the servers UDPServer and AddUDP return, in the
 // Handler for any other server; either way requests-per-second applies once to each
 // UDP query, and to TCP queries through response rate limiting. Status says which.
-// Protect fails only when cfg is invalid or udp cannot be protected at all (not a UDP
-// socket).
+// Protect fails only when cfg is invalid or udp cannot be protected at all: nil (as
+// a failed net.ListenUDP returns it), closed, or not a UDP socket.
 //
 // Server cookies are on unless WithoutCookies is given, made with cfg's
 // cookie-secret or WithCookies' Cookies, else a random secret, and the eBPF
@@ -299,13 +302,14 @@ func (p *Protection) newFilter(conn syscall.Conn) (*Filter, error) {
 			p.pinned = p.opts.pinDir
 		} else {
 			pinErr := err
-			f, err = Attach(conn, p.cfg)
+			f, err = Attach(conn, p.cfg.withoutSecrets())
 			if err == nil || f != nil {
 				err = errors.Join(fmt.Errorf("rrl: attach pinned filter: %w", pinErr), err)
 			}
 		}
 	} else {
-		f, err = Attach(conn, p.cfg)
+		// The secrets reach the filter from p.cookies (useFilterCookies).
+		f, err = Attach(conn, p.cfg.withoutSecrets())
 	}
 	p.reason = err // a pinned filter that failed may leave a filter of our own
 	if f == nil {
@@ -514,7 +518,7 @@ func (p *Protection) takeOver(pred *Protection, f *Filter) error {
 			return err
 		}
 	}
-	if err := f.Update(p.cfg); err != nil {
+	if err := f.Update(p.cfg.withoutSecrets()); err != nil {
 		return err
 	}
 	p.filter = f
@@ -524,7 +528,7 @@ func (p *Protection) takeOver(pred *Protection, f *Filter) error {
 		// replace: give it back its Config and secrets.
 		pred.mu.Lock()
 		if pred.filter == f {
-			f.Update(pred.cfg)
+			f.Update(pred.cfg.withoutSecrets())
 			pred.useFilterCookies()
 		}
 		pred.mu.Unlock()
@@ -810,11 +814,14 @@ func (p *Protection) TCPServer(l net.Listener) *dns.Server {
 	if per == 0 {
 		per = tcplimit.DefaultConnsPerClient
 	}
-	t := tcplimit.LimitListener(l, per)
-	p.mu.Lock()
-	p.tcp = append(p.tcp, t)
-	p.mu.Unlock()
-	srv := &dns.Server{Listener: t, Handler: p.handler, ReadTimeout: tcpReadTimeout}
+	srv := &dns.Server{Handler: p.handler, ReadTimeout: tcpReadTimeout}
+	if !isNil(l) { // else ActivateAndServe fails with miekg/dns's "bad listeners"
+		t := tcplimit.LimitListener(l, per)
+		p.mu.Lock()
+		p.tcp = append(p.tcp, t)
+		p.mu.Unlock()
+		srv.Listener = t
+	}
 	p.handler.ConfigureServer(srv)
 	return srv
 }
@@ -851,7 +858,8 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 		return false, ErrClosed
 	}
 	if p.filter != nil {
-		if err := p.filter.Update(cfg); err != nil {
+		// The secrets reach the filter from p.cookies, below.
+		if err := p.filter.Update(cfg.withoutSecrets()); err != nil {
 			return false, fmt.Errorf("rrl: update kernel filter: %w", err)
 		}
 	}
@@ -884,9 +892,13 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 
 // Close detaches the kernel filter the Protection holds (see Filter.Close) and
 // frees it; a filter a successor took over (AttachLocal) is the successor's and
-// stays. Shut the servers down first; the sockets are the servers' to close.
+// stays. Shut the servers down first; the sockets are the servers' to close. Nothing
+// the Protection started runs once Close has returned (the capacity controllers,
+// the watch of the kernel's limiting events, the timers of the RRL's and the Go
+// Limiter's events), except an event function under way, which may be what called
+// Close: it returns when the function does.
 func (p *Protection) Close() error {
-	p.stopCapacity() // capacity_go.go; before the locks: it waits for the controller
+	p.stopCapacity() // capacity_go.go; before the locks: it may wait for the controller
 	holders.Lock()
 	defer holders.Unlock()
 	p.mu.Lock()
@@ -894,6 +906,12 @@ func (p *Protection) Close() error {
 	p.done = true
 	delete(holders.open, p)
 	p.stopWatch()
+	// Queries a server still drains report their events as they come, but no timer
+	// reports any once Close has returned.
+	p.rrl.stopEventTicks()
+	if l := p.limiter.Load(); l != nil {
+		l.stopEventTicks()
+	}
 	f := p.filter
 	if f == nil || holders.m[f] != p {
 		return nil
@@ -907,9 +925,9 @@ func (p *Protection) Close() error {
 }
 
 // startCapacity starts the controller of p's Go Limiter l when p's Config has
-// capacity on; p.limMu is held.
+// capacity on, unless Close has begun; p.limMu is held.
 func (p *Protection) startCapacity(l *Limiter) {
-	if l == nil || p.limCfg.capacity == 0 || p.capacity != nil {
+	if l == nil || p.limCfg.capacity == 0 || p.capacity != nil || p.capClosed {
 		return
 	}
 	src := &limiterCapacity{l: l, conns: p.capacitySockets}
@@ -938,7 +956,7 @@ func (p *Protection) updateCapacity(cfg *Config) {
 	switch {
 	case l == nil:
 	case p.capacity != nil && cfg.capacity == 0:
-		close(p.capacity.stop)
+		p.capacity.halt()
 		l.capacity.Store(nil)
 		p.capacity = nil
 	case p.capacity != nil:
@@ -948,10 +966,13 @@ func (p *Protection) updateCapacity(cfg *Config) {
 	}
 }
 
-// stopCapacity ends p's controller and waits for it. Neither p.mu nor p.limMu may
-// be held: the controller reads p's sockets under p.mu.
+// stopCapacity is Close's part: from now on no controller starts for p, and the one
+// running ends; it waits for it unless it is in the event function, which may be
+// what called Close (capacityRun.halt). Neither p.mu nor p.limMu may be held: the
+// controller reads p's sockets under p.mu.
 func (p *Protection) stopCapacity() {
 	p.limMu.Lock()
+	p.capClosed = true
 	r := p.capacity
 	p.capacity = nil
 	p.limMu.Unlock()

@@ -61,5 +61,11 @@ func filterOwning(id socketID) *Filter {
 	return socketOwners.m[id]
 }
 
-// checkUDP returns an error unless conn is an open UDP socket.
-func checkUDP(conn syscall.Conn) error { return sockopt.Control(conn, checkUDPSocket) }
+// checkUDP returns an error unless conn is an open UDP socket: one that says there
+// is no socket, that it is closed, or that it is not UDP.
+func checkUDP(conn syscall.Conn) error {
+	if err := checkSocketArg(conn); err != nil {
+		return err
+	}
+	return closedSocketError(sockopt.Control(conn, checkUDPSocket))
+}

@@ -24,7 +24,7 @@ type foundSocket struct {
 func identify(conn syscall.Conn) (socketID, error)             { return socketID{}, nil }
 func localSockets(local netip.AddrPort) ([]foundSocket, error) { return nil, errNotLinux }
 func filterOwning(id socketID) *Filter                         { return nil }
-func checkUDP(conn syscall.Conn) error                         { return nil }
+func checkUDP(conn syscall.Conn) error                         { return checkSocketArg(conn) }
 
 // isClosedSocket reports whether err says the descriptor was closed before it was
 // used.

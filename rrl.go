@@ -57,7 +57,7 @@ type rrlState struct {
 	v4Mask    uint32
 	v6MaskHi  uint64
 	v6MaskLo  uint64
-	exempt    prefixSet
+	exempt    *prefixSet // nil when exempt-clients is empty: one test per Debit
 	report    bool
 	qpsScale  uint64 // queries per second; 0 disables qps-scale
 
@@ -65,7 +65,8 @@ type rrlState struct {
 	reqRate, allRate float64
 	v4Len, v6Len     int
 	tableSize        int
-	events           *eventTracker // limiting events; nil when the Config sets no EventFunc
+	events           *eventTracker   // limiting events; nil when the Config sets no EventFunc
+	follow           episodeFollower // events as the table sees them (nil with events nil), made once here rather than per Debit
 
 	shardShift uint
 	shards     []shard
@@ -112,7 +113,7 @@ func New(cfg *Config) (*RRL, error) {
 	st := newState(cfg)
 	st.newTable(cfg.maxTableSize)
 	r.tracker = r.newTracker(cfg)
-	st.events = r.tracker
+	st.setEvents(r.tracker)
 	r.state.Store(st)
 	r.scale.Store(uint64(fixedOne))
 	if r.nowFunc != nil {
@@ -132,7 +133,6 @@ func newState(cfg *Config) *rrlState {
 		slipRatio: uint64(cfg.slipRatio),
 		v4Mask:    ^uint32(0) << (32 - cfg.ipv4PrefixLength),
 		report:    cfg.reportOnly,
-		exempt:    newPrefixSet(cfg.exempt),
 		qpsScale:  uint64(math.Ceil(cfg.qpsScale)),
 		v4Len:     cfg.ipv4PrefixLength,
 		v6Len:     cfg.ipv6PrefixLength,
@@ -141,6 +141,9 @@ func newState(cfg *Config) *rrlState {
 		allRate:   cfg.allPerSecond,
 	}
 	st.maxCost = st.window + fixedOne
+	if ex := newPrefixSet(cfg.exempt); !ex.empty() {
+		st.exempt = &ex
+	}
 	st.v6MaskHi, st.v6MaskLo = prefixMask128(cfg.ipv6PrefixLength)
 	for cat := range AllowanceLast {
 		st.rates[cat] = cfg.allowance(cat)
@@ -149,6 +152,14 @@ func newState(cfg *Config) *rrlState {
 	st.reqCost = st.costOf(cfg.requestsPerSecond)
 	st.allCost = st.costOf(cfg.allPerSecond)
 	return st
+}
+
+// setEvents gives st the events tracker ev (nil for none).
+func (st *rrlState) setEvents(ev *eventTracker) {
+	st.events = ev
+	if ev != nil {
+		st.follow = ev // not a nil *eventTracker: the table tests the interface for nil
+	}
 }
 
 // newTable gives st an empty account table for size accounts.
@@ -354,7 +365,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 	cn := p.network(addr)
 	netHash := mix64(mix64(r.seed^cn.hi) ^ cn.lo ^ cn.fam<<48)
 	s := &p.shards[netHash>>p.shardShift&uint64(len(p.shards)-1)]
-	if !p.exempt.empty() && p.exempt.contains(addr) {
+	if p.exempt != nil && p.exempt.contains(addr) {
 		r.count(p.report, cat, Send, Send, IPExempt, RTNotReached)
 		return Send, IPExempt, RTNotReached
 	}
@@ -375,11 +386,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		r.stripes.done(st)
 		scale = r.rateScale(sec, p.qpsScale)
 	}
-	ev := p.events
-	var fol episodeFollower // nil without events, not a nil *eventTracker
-	if ev != nil {
-		fol = ev
-	}
+	fol := p.follow      // nil without events
 	var trans transition // limiting began or ended for an account: rare
 
 	act, ipr, rtr = Send, IPNotConfigured, RTNotReached
@@ -434,7 +441,7 @@ func (r *RRL) debit(addr netip.Addr, udp bool, tuple *ResponseTuple, requests bo
 		}
 	}
 done:
-	if ev != nil && (trans.ended() != 0 || uint64(now) >= ev.next.Load()) {
+	if ev := p.events; ev != nil && (trans.ended() != 0 || uint64(now) >= ev.next.Load()) {
 		// The table in force now, not p's: an Update since this Debit began must not
 		// make the episodes of the new table look like those of a replaced one.
 		ev.sweep(now, &r.state.Load().shards[0])
@@ -616,12 +623,12 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 		}
 	case r.tracker == nil:
 		r.tracker = r.newTracker(cfg)
-		st.events = r.tracker
+		st.setEvents(r.tracker)
 	default:
 		r.tracker.mu.Lock()
 		r.tracker.fn, r.tracker.budget.perSec = cfg.eventFunc, cfg.eventsPerSec()
 		r.tracker.mu.Unlock()
-		st.events = r.tracker
+		st.setEvents(r.tracker)
 	}
 	if fresh {
 		r.statsMu.Lock()
@@ -638,6 +645,16 @@ func (r *RRL) Update(cfg *Config) (fresh bool, err error) {
 		st.events.setTimer(true, r.clock(r.timeNow())) // a timer for episodes open while events were off
 	}
 	return fresh, nil
+}
+
+// stopEventTicks turns the events' timer off (a Protection's Close): events come
+// only with Debit calls from now on, until an Update turns the timer on again.
+func (r *RRL) stopEventTicks() {
+	r.updateMu.Lock()
+	defer r.updateMu.Unlock()
+	if r.tracker != nil {
+		r.tracker.setTimer(false, 0)
+	}
 }
 
 // newTracker returns the events tracker for cfg (nil without an event function): it

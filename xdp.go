@@ -58,11 +58,11 @@ const xdpDestAny = 1
 // DetachXDP or Unpin removes it. It returns whether the program runs in generic mode:
 // asked for native mode on a driver that has none, it falls back to generic mode.
 //
-// It needs CAP_NET_ADMIN and CAP_BPF. Errors say what to do: fs.ErrNotExist for an
-// interface that does not exist, fs.ErrExist when an XDP program is already attached
-// to dev (rrl's or another's: it never replaces one), ErrNotSupported for a kernel
-// without XDP links (Linux 5.9) or the helpers the program calls (Linux 5.18),
-// ErrNotPermitted without the capabilities.
+// It needs CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON. Errors say what to do:
+// fs.ErrNotExist for an interface that does not exist, fs.ErrExist when an XDP
+// program is already attached to dev (rrl's or another's: it never replaces one),
+// ErrNotSupported for a kernel without XDP links (Linux 5.9) or the helpers the
+// program calls (Linux 5.18), ErrNotPermitted without the capabilities.
 func AttachXDP(pinDir, dev string, opts *XDPOptions) (generic bool, err error) {
 	if opts == nil {
 		opts = &XDPOptions{}
@@ -245,7 +245,7 @@ func findXDPLink(ifindex int) (link.Link, *link.Info, error) {
 	return nil, &link.Info{Program: ebpf.ProgramID(prog)}, nil
 }
 
-const xdpPermissionHint = "XDP needs CAP_NET_ADMIN and CAP_BPF (run as root, or grant them with setcap cap_net_admin,cap_bpf+ep)"
+const xdpPermissionHint = "XDP needs CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON (run as root, or grant them with setcap cap_net_admin,cap_bpf,cap_perfmon+ep)"
 
 // attachXDPLink attaches prog to ifc, natively unless generic, falling back to
 // generic mode when the driver has no native XDP.

@@ -350,7 +350,7 @@ func TestLiveXDPScenarios(t *testing.T) {
 			run := runLiveWith(t, srv, e.rawSender(t, srv.addr), f, flows, dur)
 			replies := capture.stop(t)
 			run.report(t)
-			got := run.admitted(0, from, dur)
+			got := run.admitted(t, 0, from, dur)
 			if got > 1.3*L {
 				t.Errorf("attack admitted at %.0f pps after %v, want at most %.0f", got, from, 1.3*L)
 			}

@@ -99,6 +99,12 @@ enum cookie_verdict {
 // looks, else the offset of the option's data from the end of the DNS header in the
 // low 16 bits and the option's length (capped at 255) above them.
 //
+// The question and the OPT record's fixed part are read from one load of the first
+// COOKIE_SCAN bytes after the header, each option's header from the packet where it
+// is: so a cookie is found anywhere in an OPT record of any length (a padded query's
+// OPT ends well past byte 512). Reading the options from the scan too, where they
+// lie within it, would save a load per option but doubles the paths the verifier
+// walks with every option, beyond its limit.
 static __always_inline __u32 find_cookie(struct rrl_ctx *ctx, __u32 dns_off, __u32 dns_len)
 {
 	__u32 zero = 0;
@@ -107,7 +113,8 @@ static __always_inline __u32 find_cookie(struct rrl_ctx *ctx, __u32 dns_off, __u
 		return 0;
 	// Indexes are 64-bit: the verifier keeps the bounds of a 64-bit register
 	// through the checks, not those of a 32-bit one zero-extended into a copy.
-	__u64 n = dns_len - DNS_HEADER_LEN;
+	__u64 len = dns_len - DNS_HEADER_LEN; // the message after its header
+	__u64 n = len;
 	if (n > COOKIE_SCAN)
 		n = COOKIE_SCAN;
 	barrier_var(n);
@@ -126,15 +133,17 @@ static __always_inline __u32 find_cookie(struct rrl_ctx *ctx, __u32 dns_off, __u
 		return 0;
 	__u64 o = i + OPT_FIXED_LEN;
 	__u64 end = o + ((__u64)b[i + 9] << 8 | b[i + 10]);
-	if (end > n)
+	if (end > len)
 		return 0;
 #pragma clang loop unroll(disable)
 	for (int k = 0; k < MAX_OPTIONS; k++) {
 		if (o + 4 > end)
 			return 0;
-		o &= COOKIE_SCAN_MASK;
-		__u64 code = (__u64)b[o] << 8 | b[o + 1];
-		__u64 olen = (__u64)b[o + 2] << 8 | b[o + 3];
+		__u8 h[4];
+		if (load_net(ctx, dns_off + DNS_HEADER_LEN + o, h, sizeof(h)))
+			return 0;
+		__u64 code = (__u64)h[0] << 8 | h[1];
+		__u64 olen = (__u64)h[2] << 8 | h[3];
 		if (code == COOKIE_OPTION) {
 			if (o + 4 + olen > end)
 				return 0;

@@ -10,7 +10,7 @@
 enum counter {
 	COUNTER_SEEN,
 	COUNTER_PASSED,
-	COUNTER_NOT_DNS,          // not UDP, or a later fragment: passed unjudged
+	COUNTER_DROP_UNFOLLOWED,  // headers the parser cannot follow to UDP (see parse)
 	COUNTER_DROP_SHORT,
 	COUNTER_DROP_RESPONSE,
 	COUNTER_DROP_REFLECTION,

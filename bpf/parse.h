@@ -20,8 +20,11 @@ struct packet {
 
 enum parse_result {
 	PARSE_OK,
-	PARSE_NOT_DNS,  // not UDP or no UDP header in this packet: pass unjudged
-	PARSE_ERROR,    // a header could not be read: pass
+	// The headers cannot be followed to a UDP header: not IPv4 or IPv6, not UDP,
+	// a later fragment, more IPv6 extension headers than MAX_IPV6_EXT_HEADERS, or a
+	// header cut short. The socket filter drops such a packet (filter_bpf.c); XDP
+	// passes it untouched, as one it cannot tell is for the server.
+	PARSE_UNFOLLOWED,
 };
 
 // The headers of a plain IPv4 or IPv6 DNS query, read with one helper call.
@@ -99,7 +102,7 @@ static __always_inline int parse_fast(struct rrl_ctx *ctx, struct packet *p)
 		if (h->ip.ihl != 5)
 			return -1;
 		if (h->ip.protocol != IPPROTO_UDP || (h->ip.frag_off & bpf_htons(0x1fff)))
-			return PARSE_NOT_DNS;
+			return PARSE_UNFOLLOWED;
 		p->v4 = 1;
 		p->hi = 0;
 		p->lo = bpf_ntohl(h->ip.saddr);
@@ -123,7 +126,7 @@ static __always_inline int parse_fast(struct rrl_ctx *ctx, struct packet *p)
 		p->dns_off = sizeof(h->ip) + sizeof(h->udp);
 		return PARSE_OK;
 	}
-	return PARSE_NOT_DNS;
+	return PARSE_UNFOLLOWED;
 }
 
 // parse_general is the general parser: IPv4 options, IPv6 extension headers,
@@ -136,19 +139,19 @@ static __noinline int parse_general(struct rrl_ctx *ctx, struct packet *p)
 	if (net_protocol(ctx) == bpf_htons(ETH_P_IP)) {
 		struct iphdr ip;
 		if (load_net(ctx, 0, &ip, sizeof(ip)))
-			return PARSE_ERROR;
+			return PARSE_UNFOLLOWED;
 		if (ip.protocol != IPPROTO_UDP || (ip.frag_off & bpf_htons(0x1fff)))
-			return PARSE_NOT_DNS;
+			return PARSE_UNFOLLOWED;
 		off = ip.ihl * 4;
 		if (off < sizeof(ip))
-			return PARSE_ERROR;
+			return PARSE_UNFOLLOWED;
 		p->v4 = 1;
 		p->hi = 0;
 		p->lo = bpf_ntohl(ip.saddr);
 	} else if (net_protocol(ctx) == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr ip6;
 		if (load_net(ctx, 0, &ip6, sizeof(ip6)))
-			return PARSE_ERROR;
+			return PARSE_UNFOLLOWED;
 		__u8 next = ip6.nexthdr;
 		off = sizeof(ip6);
 		// Walk the extension headers that may precede UDP.
@@ -160,11 +163,11 @@ static __noinline int parse_general(struct rrl_ctx *ctx, struct packet *p)
 			    next != IPPROTO_AH)
 				break;
 			if (load_net(ctx, off, ext, sizeof(ext)))
-				return PARSE_ERROR;
+				return PARSE_UNFOLLOWED;
 			if (next == IPPROTO_FRAGMENT) {
 				// Only the first fragment carries the UDP header.
 				if (((ext[2] << 8) | ext[3]) & 0xfff8)
-					return PARSE_NOT_DNS;
+					return PARSE_UNFOLLOWED;
 				off += 8;
 			} else if (next == IPPROTO_AH) {
 				off += ((__u32)ext[1] + 2) * 4;
@@ -173,24 +176,26 @@ static __noinline int parse_general(struct rrl_ctx *ctx, struct packet *p)
 			}
 			next = ext[0];
 		}
+		// Still an extension header after MAX_IPV6_EXT_HEADERS, or an upper layer
+		// other than UDP.
 		if (next != IPPROTO_UDP)
-			return PARSE_NOT_DNS;
+			return PARSE_UNFOLLOWED;
 		set_ipv6_source(p, &ip6);
 	} else {
-		return PARSE_NOT_DNS;
+		return PARSE_UNFOLLOWED;
 	}
 
 	struct udphdr udp;
 	if (load_net(ctx, off, &udp, sizeof(udp)))
-		return PARSE_ERROR;
+		return PARSE_UNFOLLOWED;
 	struct dns_header dns = {};
 	set_udp(p, &udp, dns.b);
 	p->dns_off = off + sizeof(udp);
 	if (p->dns_len >= DNS_HEADER_LEN) {
 		if (load_net(ctx, p->dns_off, &dns, DNS_HEADER_LEN))
-			return PARSE_ERROR;
+			return PARSE_UNFOLLOWED;
 	} else if (p->dns_len >= 3 && load_net(ctx, p->dns_off, &dns, 3)) {
-		return PARSE_ERROR;
+		return PARSE_UNFOLLOWED;
 	}
 	p->dns_flags = dns.b[2];
 	set_counts(p, &dns);

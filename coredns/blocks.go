@@ -1,6 +1,7 @@
 package coredns
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -35,36 +36,47 @@ type socketGroup struct {
 	members []*RRL
 }
 
-// load holds the socket groups of the Corefile being set up; a new load (a reload)
-// starts afresh, so nothing of an old load is kept.
-var load struct {
-	sync.Mutex
-	ctx    any // the caddy context of the load (one per instance)
-	groups map[string]*socketGroup
+// loadState is one Corefile load's rrl blocks: its socket groups, and every block's
+// plugin in the order they were set up.
+type loadState struct {
+	ctx     any // the caddy context of the load (one per instance)
+	groups  map[string]*socketGroup
+	plugins []*RRL
+	watched bool // its instance calls reloadFailed when a reload from it fails
 }
 
-// join adds p, the plugin of the block c sets up with settings s, to the socket
-// groups of the block's addresses, and returns them; it fails when another block
-// on one of them disagrees with s.
-func join(c *caddy.Controller, s *settings, p *RRL) ([]*socketGroup, error) {
+// load holds the newest load: the Corefile being set up, or running. A new load (a
+// reload) starts afresh, so nothing of an old load is kept; a reload that fails
+// makes the running load the newest again (reloadFailed).
+var load struct {
+	sync.Mutex
+	cur *loadState
+}
+
+// join adds p, the plugin of the block c sets up with settings s, to its load and
+// to the socket groups of the block's addresses, and returns them and the load; it
+// fails when another block on one of them disagrees with s.
+func join(c *caddy.Controller, s *settings, p *RRL) ([]*socketGroup, *loadState, error) {
 	addrs, err := blockAddrs(c)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	name := fmt.Sprintf("%q (%s:%d)", strings.Join(c.ServerBlockKeys, " "), c.File(), s.line)
 	load.Lock()
 	defer load.Unlock()
-	if load.ctx != c.Context() {
-		load.ctx, load.groups = c.Context(), map[string]*socketGroup{}
+	if load.cur == nil || load.cur.ctx != c.Context() {
+		load.cur = &loadState{ctx: c.Context(), groups: map[string]*socketGroup{}}
 	}
+	st := load.cur
+	st.plugins = append(st.plugins, p)
 	var out []*socketGroup
 	for _, addr := range addrs {
-		g := load.groups[addr]
+		g := st.groups[addr]
 		if g == nil {
 			g = &socketGroup{addr: addr, first: name, s: s}
-			load.groups[addr] = g
+			st.groups[addr] = g
 		} else if what := disagreement(g.s, s); what != "" {
-			return nil, c.Errf("server blocks %s and %s share the sockets of %s, which have one kernel filter and one set of request limits, but disagree on %s",
+			return nil, nil, c.Errf("server blocks %s and %s share the sockets of %s, which have one kernel filter and one set of request limits, but disagree on %s",
 				g.first, name, addr, what)
 		}
 		out = append(out, g)
@@ -74,7 +86,70 @@ func join(c *caddy.Controller, s *settings, p *RRL) ([]*socketGroup, error) {
 	for _, g := range out {
 		g.members = append(g.members, p)
 	}
-	return out, nil
+	return out, st, nil
+}
+
+// watch reports whether st's instance has yet to be told to call reloadFailed (once
+// per load), and notes that it is.
+func (st *loadState) watch() bool {
+	load.Lock()
+	defer load.Unlock()
+	first := !st.watched
+	st.watched = true
+	return first
+}
+
+// loadKey marks a caddy instance (its Storage) with its load.
+type loadKey struct{}
+
+// reloadFailed runs when a reload from running, the load of a running instance,
+// failed (the instance's OnRestartFailed). CoreDNS then discards the new instance
+// without shutting it down, and it may have run its OnStartup callbacks already,
+// making its blocks' Protections, before its servers failed to start (a port that
+// cannot be bound, say). Those blocks never served: their Protections are closed, so
+// that nothing of the failed load stays open, and running is the newest load again,
+// so that its blocks' shutdown hands their filters to none of the failed load's and
+// their metrics are exported again. The running Protections are left exactly as
+// they were. A restart that failed after the new instance started (stopping the old
+// one failed) is not a failed load: that instance is CoreDNS's, and serves.
+func reloadFailed(running *loadState) error {
+	load.Lock()
+	failed := load.cur
+	if failed == running || failed == nil || instanceOf(failed) {
+		load.Unlock()
+		return nil
+	}
+	load.cur = running
+	load.Unlock()
+	var errs []error
+	for _, p := range failed.plugins {
+		if p.src != nil {
+			p.src.clear(p)
+		}
+		if err := p.close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, p := range running.plugins {
+		if p.src != nil && p.prot.Load() != nil {
+			p.src.set(p)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// instanceOf reports whether one of CoreDNS's instances was set up as st (one
+// whose servers started: caddy forgets an instance that failed to start).
+func instanceOf(st *loadState) bool {
+	for _, inst := range caddy.Instances() {
+		inst.StorageMu.RLock()
+		v := inst.Storage[loadKey{}]
+		inst.StorageMu.RUnlock()
+		if v == st {
+			return true
+		}
+	}
+	return false
 }
 
 // members returns the blocks served on addr with p: its socket group's members, or
@@ -94,7 +169,10 @@ func (p *RRL) members(addr string) []*RRL {
 func successors(addr string) []*RRL {
 	load.Lock()
 	defer load.Unlock()
-	g := load.groups[addr]
+	if load.cur == nil {
+		return nil
+	}
+	g := load.cur.groups[addr]
 	if g == nil || !g.s.kernel {
 		return nil
 	}

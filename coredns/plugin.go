@@ -26,6 +26,7 @@ type RRL struct {
 	s      *settings
 	prot   atomic.Pointer[rrl.Protection] // made by start, when every block of the load is set up
 	groups []*socketGroup                 // the blocks sharing each UDP listen address of this one
+	src    *source                        // its metrics (metrics.go); nil before setup sets it
 
 	mu       sync.Mutex
 	attached map[string]bool // listener addresses (dnsserver.Server.Addr) handed to prot

@@ -1,18 +1,25 @@
 package coredns
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/core/dnsserver"
+	_ "github.com/coredns/coredns/plugin/bind"
+	"github.com/dnsrake/rrl"
 	"github.com/dnsrake/rrl/internal/procsock"
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
@@ -317,4 +324,156 @@ func TestCoreDNSReloadTakeOverFails(t *testing.T) {
 		t.Errorf("the log's last line on the filter is %q, want it to say the request limits are in Go", last)
 	}
 	checkRate(t, "reloaded with settings the kernel cannot take", answered(t, port, 500*time.Millisecond, time.Second), 200, 0.7, 1.7)
+}
+
+// twoZones serves example.test on 127.0.0.1:port with rrl properties a and, when
+// port2 is not 0, other.test on 127.0.0.1:port2 with rrl properties b.
+func twoZones(port int, a string, port2 int, b string) string {
+	s := fmt.Sprintf("example.test:%d {\n    bind 127.0.0.1\n    rrl {\n        %s\n    }\n}\n", port, a)
+	if port2 != 0 {
+		s += fmt.Sprintf("other.test:%d {\n    bind 127.0.0.1\n    rrl {\n        %s\n    }\n}\n", port2, b)
+	}
+	return s
+}
+
+func TestReloadFailsAfterStartup(t *testing.T) {
+	// A reload that fails once the new load's OnStartup has run (its second
+	// block's port is taken, so its servers cannot start) leaves the running
+	// protection exactly as it was: same Protection, same filter with the same
+	// settings, still the newest load (so its shutdown hands the filter to none of
+	// the failed load's blocks) and still the one whose metrics are exported; and
+	// nothing of the failed load stays open. A later reload works as usual. CoreDNS
+	// runs in this process, so that the plugin's state can be looked at.
+	oldDirectives := dnsserver.Directives
+	dnsserver.Directives = Directives(dnsserver.Directives)
+	var mu sync.Mutex
+	var made []*RRL
+	testHookSetup = func(p *RRL) {
+		mu.Lock()
+		made = append(made, p)
+		mu.Unlock()
+	}
+	t.Cleanup(func() { dnsserver.Directives, testHookSetup = oldDirectives, nil })
+	plugins := func() []*RRL {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(made)
+	}
+	input := func(corefile string) caddy.Input {
+		return caddy.CaddyfileInput{Contents: []byte(corefile), Filepath: "Corefile", ServerTypeName: "dns"}
+	}
+	served := func(p *RRL) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for p.prot.Load().Status().Sockets == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("no socket handed to the Protection within 5s: %v", p.prot.Load().Status())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// closed reports whether p's Protection is closed, updating it when it is not.
+	closed := func(p *RRL) bool {
+		_, err := p.prot.Load().Update(rrl.NewConfig())
+		return errors.Is(err, rrl.ErrClosed)
+	}
+	requests := func(f *rrl.Filter) string {
+		for _, kv := range f.Config().Values() {
+			if kv[0] == "requests-per-second" {
+				return kv[1]
+			}
+		}
+		return ""
+	}
+
+	port, port2 := freePort(t), freePort(t)
+	addr := "dns://127.0.0.1:" + strconv.Itoa(port)
+	inst, err := caddy.Start(input(twoZones(port, "requests-per-second 100", 0, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		inst.Stop()
+		inst.ShutdownCallbacks()
+	}()
+	if len(plugins()) != 1 {
+		t.Fatalf("%d blocks set up, want 1", len(plugins()))
+	}
+	running := plugins()[0]
+	served(running)
+	prot := running.prot.Load()
+	status, f := prot.Status().String(), prot.Filter()
+	load.Lock()
+	runningLoad := load.cur
+	load.Unlock()
+	if f == nil || requests(f) != "100" {
+		t.Fatalf("the running filter %v has requests-per-second %q, want 100 (%s)", f, requests(f), status)
+	}
+
+	// The failing reload: other.test's port is taken (by a socket without
+	// SO_REUSEPORT), and example.test's limit would change.
+	taken, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(port2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := inst.Restart(input(twoZones(port, "requests-per-second 50", port2, "requests-per-second 50")))
+	if err == nil || next != inst {
+		t.Fatalf("reload with port %d taken: %v, want it to fail and keep the running instance", port2, err)
+	}
+	t.Logf("reload failed as it should: %v", err)
+	failed := plugins()[1:]
+	if len(failed) != 2 {
+		t.Fatalf("the failed reload set up %d blocks, want 2", len(failed))
+	}
+	for i, p := range failed {
+		if p.prot.Load() == nil {
+			t.Fatalf("block %d of the failed reload has no Protection: its OnStartup did not run, so the reload failed too early to test", i)
+		}
+		if !closed(p) {
+			t.Errorf("block %d of the failed reload: its Protection is still open", i)
+		}
+	}
+	if running.prot.Load() != prot {
+		t.Fatal("the running block's Protection was replaced")
+	}
+	// Close would have taken the filter off: the same status, filter and limit
+	// say the Protection is open and unchanged.
+	if got := prot.Status().String(); got != status || prot.Filter() != f || requests(f) != "100" {
+		t.Errorf("running protection after the failed reload: %q with filter %p (requests-per-second %q), want %q with %p (100)", got, prot.Filter(), requests(f), status, f)
+	}
+	load.Lock()
+	cur := load.cur
+	load.Unlock()
+	if cur != runningLoad {
+		t.Error("the newest load is the failed one, not the running one")
+	}
+	if s := successors(addr); len(s) != 1 || s[0] != running {
+		t.Errorf("the blocks that would take the filter over on %s are %v, want the running one", addr, s)
+	}
+	if running.src.cur.Load() != running {
+		t.Error("the running block's metrics are not exported")
+	}
+
+	// A reload that works afterwards: the new block takes the filter over, and
+	// the running one's Close leaves it on the socket.
+	taken.Close()
+	next, err = inst.Restart(input(twoZones(port, "requests-per-second 50", port2, "requests-per-second 50")))
+	if err != nil {
+		t.Fatalf("reload with the port free again: %v", err)
+	}
+	inst = next
+	fresh := plugins()[3:]
+	if len(fresh) != 2 {
+		t.Fatalf("the second reload set up %d blocks, want 2", len(fresh))
+	}
+	served(fresh[0])
+	if !closed(running) {
+		t.Error("the block the reload replaced: its Protection is still open")
+	}
+	if s := successors(addr); len(s) != 1 || s[0] != fresh[0] {
+		t.Errorf("after the second reload the blocks on %s are %v, want the new one", addr, s)
+	}
+	if nf := fresh[0].prot.Load().Filter(); nf == nil || requests(nf) != "50" {
+		t.Errorf("after the second reload the filter on %s is %v with requests-per-second %q, want 50", addr, nf, requests(nf))
+	}
 }

@@ -53,8 +53,18 @@ func setup(c *caddy.Controller) error {
 	}
 	p := newPlugin(s)
 	conf := dnsserver.GetConfig(c)
-	if p.groups, err = join(c, s, p); err != nil {
+	var st *loadState
+	if p.groups, st, err = join(c, s, p); err != nil {
 		return plugin.Error(Name, err)
+	}
+	if st.watch() {
+		c.Set(loadKey{}, st)
+		// A reload from this load that fails after the new load's OnStartup
+		// leaves its Protections to close, and this load to restore.
+		c.OnRestartFailed(func() error { return reloadFailed(st) })
+	}
+	if testHookSetup != nil {
+		testHookSetup(p)
 	}
 	if s.kernel {
 		// CoreDNS opens its UDP sockets after the OnStartup callbacks have run (on a
@@ -82,6 +92,7 @@ func setup(c *caddy.Controller) error {
 	if err != nil {
 		return plugin.Error(Name, err)
 	}
+	p.src = src
 	c.OnStartup(func() error {
 		if err := p.start(); err != nil {
 			return plugin.Error(Name, err)
@@ -99,6 +110,9 @@ func setup(c *caddy.Controller) error {
 	})
 	return nil
 }
+
+// testHookSetup, when set by a test, is given every block's plugin as setup makes it.
+var testHookSetup func(*RRL)
 
 func joinHostPort(host, port string) string {
 	if strings.Contains(host, ":") {

@@ -38,7 +38,7 @@ import (
 //	filter_mode{mode}                           1 for the attached mode (ebpf, classic)
 //	filter_packets_total                        packets the eBPF filter judged
 //	filter_passed_total                         packets it delivered
-//	filter_not_dns_total                        packets it passed unjudged
+//	filter_not_dns_total                        packets it dropped, unable to follow their headers to UDP
 //	filter_dropped_total{reason}                dropped: short, response, reflection, limited
 //	                                            (in report-only mode: would have dropped)
 //	filter_limited_total{node}                  dropped by the request limiter, by level
@@ -130,7 +130,7 @@ func NewCollector(namespace string, r *rrl.RRL, opts ...CollectorOption) *Collec
 	c.fMode = d("filter", "mode", "1 for the protection attached to the socket: ebpf or classic.", "mode")
 	c.fPackets = d("filter", "packets_total", "Packets the kernel filter judged.")
 	c.fPassed = d("filter", "passed_total", "Packets the kernel filter delivered to the socket.")
-	c.fNotDNS = d("filter", "not_dns_total", "Packets the kernel filter passed unjudged (not UDP, later fragments).")
+	c.fNotDNS = d("filter", "not_dns_total", "Packets the kernel filter dropped because it could not follow their headers to a UDP header (more IPv6 extension headers than it walks, later fragments, cut short).")
 	c.fDropped = d("filter", "dropped_total", "Packets the kernel filter dropped (in report-only mode: would have dropped), by reason.", "reason")
 	c.fLimited = d("filter", "limited_total", "Packets the kernel request limiter refused, by level.", "node")
 	c.fLimit = d("filter", "limit_packets_per_second", "The kernel request limiter's limit per group, by level.", "node")

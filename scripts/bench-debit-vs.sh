@@ -2,17 +2,22 @@
 # bench-debit-vs.sh compares Debit's benchmarks of this working tree (or of a commit)
 # with those of a base commit, side by side in one run.
 #
-#	scripts/bench-debit-vs.sh [-n RUNS] [-t BENCHTIME] [BASE [NEW]]
+#	scripts/bench-debit-vs.sh [-n RUNS] [-t BENCHTIME] [-c GOMAXPROCS] [BASE [NEW]]
 #
 # BASE defaults to c69352b (the second round's main, before limiting events and
 # Update); NEW to the working tree as it is, uncommitted changes included. It builds
 # one test binary of each (go test -c; commits are checked out in git worktrees in a
 # temporary directory, removed on exit), then runs every benchmark RUNS times
 # (default 7), each run a process of its own with -test.benchtime BENCHTIME (default
-# 1s), -test.count 1 and -test.cpu 1, the two binaries alternately and in alternating
-# order (base then new, new then base, ...), so that both see the same machine. Set
-# CPU to a processor number to pin every run to it with taskset, and ROWS to a subset
-# of the rows below to run only those.
+# 1s) and -test.count 1, the two binaries alternately and in alternating order (base
+# then new, new then base, ...), so that both see the same machine. GOMAXPROCS is
+# the machine's, as in a user's own benchmark, unless -c sets -test.cpu. Set CPU to a
+# processor number to pin every run to it with taskset, and ROWS to a subset of the
+# rows below to run only those.
+#
+# Both sides run the same benchmark code: BenchmarkDebitAPI (debit_api_bench_test.go,
+# the exported API only, which every commit since c69352b has) is copied from the
+# working tree into each checked-out commit before it is built.
 #
 # It prints, per benchmark, the fastest ns/op of each side, the ratio new/base of the
 # fastest, the median of the pairwise ratios (paired), the fastest cpu-ns/op (the
@@ -22,22 +27,26 @@
 # median shows whether the fastest runs are representative. The raw outputs stay in
 # $OUT (default a temporary directory, printed) for benchstat.
 #
-# Benchmarks (BenchmarkDebit's cases; the base commit has no events benchmark, so the
-# events row sets new's BenchmarkDebitEvents/hot against base's BenchmarkDebit/hot):
+# Rows (BenchmarkDebitAPI's cases; the base commit has no events, so the events row
+# sets new's BenchmarkDebitEvents/hot against base's BenchmarkDebit/hot):
 #
-#	100k-accounts     100,000 accounts round robin
+#	100k-accounts     100,000 accounts round robin (a table with room for them)
 #	full-table-flood  a new spoofed client network per call against a full table
 #	hot               one account, over and over
 #	hot+events        one account, with an event function set (new side only)
+#	100k-accounts-default-table  100,000 accounts round robin in the default table
+#	                  (not run unless ROWS names it)
 set -eu
 
 runs=7
 benchtime=1s
-while getopts n:t: opt; do
+procs=""
+while getopts n:t:c: opt; do
 	case $opt in
 	n) runs=$OPTARG ;;
 	t) benchtime=$OPTARG ;;
-	*) echo "usage: $0 [-n RUNS] [-t BENCHTIME] [BASE [NEW]]" >&2; exit 2 ;;
+	c) procs=$OPTARG ;;
+	*) echo "usage: $0 [-n RUNS] [-t BENCHTIME] [-c GOMAXPROCS] [BASE [NEW]]" >&2; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))
@@ -65,6 +74,7 @@ build() {
 		dir=$tmp/src-$2
 		git -C "$repo" worktree add --detach "$dir" "$1" >/dev/null 2>&1
 		worktrees="$worktrees $dir"
+		cp "$repo/debit_api_bench_test.go" "$dir/"
 	fi
 	(cd "$dir" && go test -c -o "$tmp/$2.test" .)
 }
@@ -76,16 +86,18 @@ else
 	newname="working tree ($(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- || echo ', modified'))"
 fi
 echo "base $(git -C "$repo" rev-parse --short "$base"), new $newname"
-echo "$runs runs each, -test.benchtime $benchtime -test.count 1 -test.cpu 1${CPU:+, pinned to CPU $CPU}; raw output in $out"
+echo "$runs runs each, -test.benchtime $benchtime -test.count 1, GOMAXPROCS ${procs:-$(nproc) (the machine's)}${CPU:+, pinned to CPU $CPU}; raw output in $out"
 
 pin=""
 if [ -n "${CPU:-}" ]; then pin="taskset -c $CPU"; fi
+cpuflag=""
+if [ -n "$procs" ]; then cpuflag="-test.cpu $procs"; fi
 
 # one SIDE ROW BENCH runs one benchmark of one side and appends its result line to
 # $out/SIDE.txt, tagged with ROW.
 one() {
 	$pin "$tmp/$1.test" -test.run '^$' -test.bench "$3" -test.benchtime "$benchtime" \
-		-test.count 1 -test.cpu 1 -test.benchmem >"$tmp/last.txt" 2>&1 || {
+		-test.count 1 $cpuflag -test.benchmem >"$tmp/last.txt" 2>&1 || {
 		cat "$tmp/last.txt" >&2
 		exit 1
 	}
@@ -96,7 +108,7 @@ rows=${ROWS:-100k-accounts full-table-flood hot hot+events}
 bench() { # bench SIDE ROW prints the -test.bench pattern of ROW on SIDE
 	case $2 in
 	hot+events) if [ "$1" = new ]; then echo '^BenchmarkDebitEvents$/^hot$'; else echo '^BenchmarkDebit$/^hot$'; fi ;;
-	*) echo "^BenchmarkDebit\$/^$2\$" ;;
+	*) echo "^BenchmarkDebitAPI\$/^$2\$" ;;
 	esac
 }
 : >"$out/base.txt"

@@ -25,11 +25,21 @@ import (
 // defaultAttachPin is the pin directory attach and detach use without -pin: one per
 // listen address, not per process, so that re-attaching to a restarted server (which
 // has new sockets) with the same command finds the same filter, its configuration and
-// its sketches.
+// its sketches. bpffs allows no '.' in a name, so every character of the address
+// but letters, digits and '-' becomes '_': 127_0_0_1 (three underscores, never two
+// in a row) cannot be an IPv6 address's name, which has seven or a "__".
 func defaultAttachPin(local netip.AddrPort) string {
-	addr := strings.NewReplacer(":", "_", "%", "_", "/", "_").Replace(local.Addr().String())
-	return fmt.Sprintf("/sys/fs/bpf/rrl-%s-%d", addr, local.Port())
+	addr := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '_'
+	}, local.Addr().String())
+	return fmt.Sprintf("%s/rrl-%s-%d", defaultPinRoot, addr, local.Port())
 }
+
+// defaultPinRoot is the bpffs the default pin directories are in; tests use their own.
+var defaultPinRoot = "/sys/fs/bpf"
 
 // targetFlags are the flags attach and detach share.
 type targetFlags struct {
@@ -150,8 +160,7 @@ are not applied.`,
 		a := &attachment{pin: c.pin, conns: conns, socks: socks, saved: saved, state: make([]string, len(conns))}
 		err = a.attach(f)
 		if err == nil && !created && len(*kw) > 0 {
-			cfg, _ := kw.config(f.Config())
-			if err = f.Update(cfg); err != nil {
+			if err = kw.apply(f); err != nil {
 				err = fmt.Errorf("apply the keyword flags to %s: %w", c.pin, err)
 			}
 		}
@@ -165,6 +174,12 @@ are not applied.`,
 			a.report(c.stdout, a.failureHead(t.pid))
 			return errors.Join(err, undoErr)
 		}
+		cookies := ""
+		if kw.secret() || kw.clearsSecret() {
+			if st, err := f.Stats(); err == nil {
+				cookies = cookieLine(st.CookieSecrets) + "\n"
+			}
+		}
 		closeAll(conns)
 		f.Release() // the filter stays on the server's sockets
 		verb := "attached the filter pinned in"
@@ -172,7 +187,7 @@ are not applied.`,
 			verb = "loaded and attached the filter pinned in"
 		}
 		a.report(c.stdout, fmt.Sprintf("%s %s to %d socket(s) of process %d", verb, c.pin, len(socks), t.pid))
-		fmt.Fprintf(c.stdout, "if the server restarts, run this command again with its new PID\n")
+		fmt.Fprintf(c.stdout, "%sif the server restarts, run this command again with its new PID\n", cookies)
 		return nil
 	},
 }

@@ -457,8 +457,10 @@ func TestAttachErrors(t *testing.T) {
 
 func TestDefaultAttachPin(t *testing.T) {
 	for _, c := range []struct{ listen, want string }{
-		{"127.0.0.1:53", "/sys/fs/bpf/rrl-127.0.0.1-53"},
-		{"0.0.0.0:5353", "/sys/fs/bpf/rrl-0.0.0.0-5353"},
+		{"127.0.0.1:53", "/sys/fs/bpf/rrl-127_0_0_1-53"},
+		{"0.0.0.0:5353", "/sys/fs/bpf/rrl-0_0_0_0-5353"},
+		{"[::]:53", "/sys/fs/bpf/rrl-__-53"},
+		{"[::ffff:192.0.2.1]:53", "/sys/fs/bpf/rrl-__ffff_192_0_2_1-53"},
 		{"[::1]:53", "/sys/fs/bpf/rrl-__1-53"},
 		{"[fe80::1%eth0]:53", "/sys/fs/bpf/rrl-fe80__1_eth0-53"},
 	} {

@@ -32,6 +32,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -99,7 +100,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if len(args) > 1 {
 			for _, c := range commands {
 				if c.name == args[1] {
-					newFlagSet(c, &cli{}, stdout).Usage()
+					// The command defines its flags as it runs: run it with -h,
+					// which prints them all and acts on nothing.
+					cl := &cli{stdout: stdout, stderr: stdout}
+					c.run(cl, newFlagSet(c, cl, stdout), []string{"-h"})
 					return exitOK
 				}
 			}
@@ -146,7 +150,7 @@ func newFlagSet(c *command, cl *cli, w io.Writer) *flag.FlagSet {
 	cl.pinOptional = c.pinOptional
 	usage := "rrlctl " + c.name + " -pin DIR " + c.args
 	if c.pinOptional {
-		fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs (default /sys/fs/bpf/rrl-ADDR-PORT, IPv6 colons as _)")
+		fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs (default /sys/fs/bpf/rrl-ADDR-PORT, the address's dots and colons as _)")
 		usage = "rrlctl " + c.name + " " + c.args
 	} else {
 		fs.StringVar(&cl.pin, "pin", "", "the pin `directory` on bpffs, e.g. /sys/fs/bpf/rrl (required)")
@@ -180,9 +184,37 @@ func (c *cli) parseFlags(fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	if len(rest) > 0 {
-		return usagef("unexpected arguments %q", rest)
+		return usagef("unexpected arguments %q", redactSecrets(rest))
 	}
 	return nil
+}
+
+// redactSecrets returns args with every argument that looks like a cookie secret
+// (32 hex digits, or a list of them: a -cookie-secret value left unquoted) shown as
+// [redacted]: no message of rrlctl quotes a secret.
+func redactSecrets(args []string) []string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		if looksSecret(a) {
+			out[i] = redacted
+		}
+	}
+	return out
+}
+
+// redacted is shown in place of a cookie secret.
+const redacted = "[redacted]"
+
+// looksSecret reports whether every field of s is 32 hex digits (with 0x or not).
+func looksSecret(s string) bool {
+	fields := strings.Fields(s)
+	for _, f := range fields {
+		f = strings.TrimPrefix(strings.TrimPrefix(f, "0x"), "0X")
+		if len(f) != 32 || strings.Trim(f, "0123456789abcdefABCDEF") != "" {
+			return false
+		}
+	}
+	return len(fields) > 0
 }
 
 var loadCommand = &command{
@@ -235,6 +267,9 @@ writable by root alone. Every rrl configuration keyword is a flag:
 		} else {
 			fmt.Fprintf(c.stdout, "loaded the filter into %s (owner root; only root has access)\n", c.pin)
 		}
+		if kw.secret() {
+			fmt.Fprintln(c.stdout, cookieLine(1))
+		}
 		return nil
 	},
 }
@@ -267,6 +302,50 @@ func (k *keywords) config(cfg *rrl.Config) (*rrl.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// secret reports whether the keywords give a cookie secret (the last cookie-secret
+// wins, as in SetValue: an empty one forgets it).
+func (k *keywords) secret() bool {
+	given := false
+	for _, kv := range *k {
+		if kv[0] == "cookie-secret" {
+			given = strings.TrimSpace(kv[1]) != ""
+		}
+	}
+	return given
+}
+
+// clearsSecret reports whether the last cookie-secret of the keywords is empty:
+// for a filter that runs, "stop verifying cookies".
+func (k *keywords) clearsSecret() bool {
+	clears := false
+	for _, kv := range *k {
+		if kv[0] == "cookie-secret" {
+			clears = strings.TrimSpace(kv[1]) == ""
+		}
+	}
+	return clears
+}
+
+// apply applies the keywords on top of the configuration of f, a pinned filter
+// that runs: Update writes them (a cookie-secret into the kernel, keeping the one
+// it replaces accepted), and an empty cookie-secret makes the kernel stop verifying
+// cookies (UseCookies(nil)), after the Update.
+func (k *keywords) apply(f *rrl.Filter) error {
+	cfg, err := k.config(f.Config())
+	if err != nil {
+		return err
+	}
+	if err := f.Update(cfg); err != nil {
+		return err
+	}
+	if k.clearsSecret() {
+		if err := f.UseCookies(nil); err != nil {
+			return fmt.Errorf("cookie-secret \"\": stop verifying cookies (the other keywords are applied): %w", err)
+		}
+	}
+	return nil
 }
 
 // maxID is the largest uid or gid: IDs are 32 bits and 4294967295, (uid_t)-1, means
@@ -319,31 +398,56 @@ var setCommand = &command{
 	summary: "change the running filter's configuration",
 	help: `Apply rrl configuration keywords to the pinned filter's configuration, at
 once for every server attached to it; the sketches are kept. For example:
-rrlctl set -pin /sys/fs/bpf/rrl requests-per-second 100 report-only false`,
+rrlctl set -pin /sys/fs/bpf/rrl requests-per-second 100 report-only false
+
+cookie-secret HEX gives the kernel the DNS server cookie secret (the one the
+servers make their cookies with): it then verifies their cookies and judges a
+query with a valid one at its own address only. The secret it replaces stays
+accepted (giving the secret in force alone again stops that), which needs root
+to read it; others give both, cookie-secret "NEW CURRENT". cookie-secret ""
+makes the kernel stop verifying cookies. The secret is never printed: "rrlctl
+stats" says whether the kernel verifies cookies, and with how many secrets.`,
 	run: func(c *cli, fs *flag.FlagSet, args []string) error {
 		rest, err := c.parse(fs, args)
 		if err != nil {
 			return err
 		}
 		if len(rest) == 0 || len(rest)%2 != 0 {
-			return usagef("want KEYWORD VALUE pairs, got %q", rest)
+			return usagef("want KEYWORD VALUE pairs, got %q", redactSecrets(rest))
+		}
+		kw := keywords{}
+		for i := 0; i < len(rest); i += 2 {
+			kw = append(kw, [2]string{rest[i], rest[i+1]})
+		}
+		// Bad keywords and values are refused before the pins are opened.
+		if _, err := kw.config(rrl.NewConfig()); err != nil {
+			return err
 		}
 		f, err := rrl.OpenPinned(c.pin)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		cfg := f.Config()
-		for i := 0; i < len(rest); i += 2 {
-			if err := cfg.SetValue(rest[i], rest[i+1]); err != nil {
-				return usageError{err.Error()}
-			}
-		}
-		if err := f.Update(cfg); err != nil {
+		if err := kw.apply(f); err != nil {
 			return err
 		}
-		for i := 0; i < len(rest); i += 2 {
-			fmt.Fprintf(c.stdout, "%s %s\n", rest[i], rest[i+1])
+		secret := false
+		for _, kv := range kw {
+			v := kv[1]
+			if kv[0] == "cookie-secret" {
+				v, secret = redacted, true
+				if strings.TrimSpace(kv[1]) == "" {
+					v = `""`
+				}
+			}
+			fmt.Fprintf(c.stdout, "%s %s\n", kv[0], v)
+		}
+		if secret {
+			st, err := f.Stats()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.stdout, cookieLine(st.CookieSecrets))
 		}
 		return nil
 	},
@@ -353,7 +457,8 @@ var configCommand = &command{
 	name:    "config",
 	args:    "[-json]",
 	summary: "print the running filter's configuration",
-	help:    `Print the configuration the pinned filter runs with, one "keyword value" per line.`,
+	help: `Print the configuration the pinned filter runs with, one "keyword value" per
+line. A cookie secret the kernel holds is shown as cookie-secret "[redacted]".`,
 	run: func(c *cli, fs *flag.FlagSet, args []string) error {
 		asJSON := fs.Bool("json", false, "print a JSON object")
 		if err := c.parseFlags(fs, args); err != nil {
@@ -365,6 +470,14 @@ var configCommand = &command{
 		}
 		defer f.Close()
 		pairs := f.Config().Values()
+		st, err := f.Stats()
+		if err != nil {
+			return err
+		}
+		if st.CookieSecrets > 0 {
+			// The pins keep the Config without it; the kernel holds it.
+			pairs = append(pairs, [2]string{"cookie-secret", redacted})
+		}
 		if *asJSON {
 			m := map[string]string{}
 			for _, kv := range pairs {

@@ -20,7 +20,8 @@ var statsCommand = &command{
 	summary: "print the filter's counters, or watch their rates",
 	help: `Print the pinned filter's counters since it was loaded: packets seen, passed,
 dropped by reason (limited by a level, too short, responses, reflection source
-ports), exempt, report-only, and how many each level limited.
+ports), exempt, report-only, and how many each level limited; and whether the
+kernel verifies DNS server cookies, with how many secrets (never the secrets).
 
 With -watch, refresh every interval and show rates per second: on a terminal a
 table redrawn in place, otherwise one compact line per refresh (with -json, one
@@ -111,7 +112,7 @@ var reasons = []reason{
 	{"reflection ports", "dropped_reflection", true, func(s rrl.FilterStats) uint64 { return s.DroppedReflection }},
 	{"exempt (passed)", "exempt", false, func(s rrl.FilterStats) uint64 { return s.Exempt }},
 	{"report-only (passed)", "report_only", false, func(s rrl.FilterStats) uint64 { return s.ReportOnly }},
-	{"not DNS (passed)", "not_dns", false, func(s rrl.FilterStats) uint64 { return s.NotDNS }},
+	{"not DNS (dropped)", "not_dns", false, func(s rrl.FilterStats) uint64 { return s.NotDNS }},
 	{"errors (passed)", "errors", false, func(s rrl.FilterStats) uint64 { return s.Errors }},
 	{"valid cookie (passed)", "cookie_passed", false, func(s rrl.FilterStats) uint64 { return s.CookiePassed }},
 	{"invalid cookie", "cookie_invalid", false, func(s rrl.FilterStats) uint64 { return s.CookieInvalid }},
@@ -166,6 +167,7 @@ func printStats(w io.Writer, pin string, st rrl.FilterStats, prev *rrl.FilterSta
 		}
 		fmt.Fprintln(w)
 	}
+	fmt.Fprintf(w, "\n  %s\n", cookieLine(st.CookieSecrets))
 	printCapacity(w, st.Capacity)
 	if len(st.Nodes) == 0 {
 		fmt.Fprintln(w, "\n  no request limit (requests-per-second 0)")
@@ -233,6 +235,9 @@ type statsJSON struct {
 	Rates    map[string]float64 `json:"rates_per_second,omitempty"`
 	// Capacity is the capacity mode's state, when it is on.
 	Capacity *rrl.CapacityStats `json:"capacity,omitempty"`
+	// CookieSecrets is how many server cookie secrets the kernel verifies
+	// cookies with (0: it verifies none); never the secrets.
+	CookieSecrets int `json:"cookie_secrets"`
 }
 
 type levelJSON struct {
@@ -243,7 +248,7 @@ type levelJSON struct {
 }
 
 func statsReport(pin string, at time.Time, st rrl.FilterStats, prev *rrl.FilterStats, dt float64) statsJSON {
-	out := statsJSON{PinDir: pin, Time: at, Mode: st.Mode.String(), Counters: map[string]uint64{}, Levels: []levelJSON{}, Capacity: st.Capacity}
+	out := statsJSON{PinDir: pin, Time: at, Mode: st.Mode.String(), Counters: map[string]uint64{}, Levels: []levelJSON{}, Capacity: st.Capacity, CookieSecrets: st.CookieSecrets}
 	for _, r := range reasons {
 		out.Counters[r.key] = r.value(st)
 	}
@@ -282,4 +287,16 @@ func isTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// cookieLine says whether the kernel verifies server cookies, and with how many
+// secrets, never which.
+func cookieLine(secrets int) string {
+	switch secrets {
+	case 0:
+		return "server cookies: not verified in the kernel (no cookie-secret set: rrlctl set cookie-secret HEX)"
+	case 1:
+		return "server cookies: verified in the kernel, with the cookie-secret set"
+	}
+	return "server cookies: verified in the kernel, with the cookie-secret set and the previous one"
 }

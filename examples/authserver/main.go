@@ -5,12 +5,14 @@
 //
 // Usage:
 //
-//	authserver [-listen 127.0.0.1:5353] [-zone FILE [-origin NAME]] [-metrics ADDR]
+//	authserver [-listen 127.0.0.1:5353] [-zone FILE [-origin NAME]]... [-metrics ADDR]
 //	           [-bind-rate-limit FILE] [-KEYWORD VALUE ...]
 //	authserver -demo [-demo-duration 10s] [-demo-flood-rate 10000]
 //
-// It serves the embedded zone example.test. (see example.test.zone), or the zone in
-// FILE, over UDP and TCP. Every rrl configuration keyword is a flag of its own name
+// It serves the embedded zone example.test. (see example.test.zone), or the zones in
+// the FILEs, over UDP and TCP: -zone may be repeated, each -origin belongs to the
+// -zone next to it (see zones.go), and a query goes to the zone with the longest
+// origin that holds its name. Every rrl configuration keyword is a flag of its own name
 // (-responses-per-second 5, -slip-ratio 2, -report-only, ...); only the flags given
 // are applied. -bind-rate-limit FILE applies a BIND rate-limit clause on top of them,
 // re-read on SIGHUP (see reload.go). DNS server cookies are on (-cookies=false turns
@@ -61,8 +63,7 @@ func main() {
 type options struct {
 	listen      string
 	listenSet   bool
-	zoneFile    string
-	origin      string
+	zones       []zoneArg // the -zone flags with their -origin, in order
 	metrics     string
 	bindFile    string
 	tcpConns    int
@@ -82,8 +83,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("authserver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:5353", "`address` to serve on, UDP and TCP")
-	fs.StringVar(&o.zoneFile, "zone", "", "zone `file` to serve instead of the embedded example.test.")
-	fs.StringVar(&o.origin, "origin", "", "origin of -zone for relative names, when the file has no $ORIGIN")
+	zf := zoneFlags{o: o}
+	fs.Func("zone", "zone `file` to serve instead of the embedded example.test. (repeat for several zones)", zf.zone)
+	fs.Func("origin", "`origin` of the -zone next to it, for relative names when the file has no $ORIGIN", zf.origin)
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at http://`address`/metrics")
 	fs.StringVar(&o.bindFile, "bind-rate-limit", "", "BIND rate-limit clause `file` applied over the flags, re-read on SIGHUP")
 	fs.IntVar(&o.tcpConns, "tcp-conns-per-client", tcplimit.DefaultConnsPerClient, "concurrent TCP connections per IPv4 address or IPv6 /64")
@@ -144,6 +146,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
+	if err := zf.done(); err != nil {
+		return nil, err
+	}
 	fs.Visit(func(f *flag.Flag) { o.listenSet = o.listenSet || f.Name == "listen" })
 	if o.demoDur <= 0 || o.demoRate < 0 || o.demoClients < 1 {
 		return nil, errors.New("-demo-duration, -demo-flood-rate and -demo-clients must be positive")
@@ -187,7 +192,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg = rl.cfg
-	z, err := openZone(o)
+	z, err := openZones(o.zones)
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 1
@@ -208,7 +213,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			res.print(stdout, cfg)
 		}
 	} else {
-		fmt.Fprintf(stderr, "authserver: serving %s on %s (UDP and TCP); SIGINT or SIGTERM to stop\n", z.origin, srv.addr)
+		fmt.Fprintf(stderr, "authserver: serving %s on %s (UDP and TCP); SIGINT or SIGTERM to stop\n", z.origins(), srv.addr)
 		<-ctx.Done()
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -220,22 +225,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return status
 }
 
-func openZone(o *options) (*zone, error) {
-	if o.zoneFile == "" {
-		return loadZone(strings.NewReader(demoZone), "", "example.test.zone")
-	}
-	f, err := os.Open(o.zoneFile)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return loadZone(f, o.origin, o.zoneFile)
-}
-
 // serverConfig is what startServer needs.
 type serverConfig struct {
 	listen    string
-	zone      *zone
+	zone      dns.Handler // a *zone or a *zoneSet
 	cfg       *rrl.Config
 	tcpConns  int
 	metrics   string    // "" for none
@@ -248,6 +241,7 @@ type serverConfig struct {
 // server is a running authserver.
 type server struct {
 	addr       string // host:port of both transports
+	udp        *net.UDPConn
 	protection *rrl.Protection
 	rrl        *rrl.RRL
 	filter     *rrl.Filter
@@ -268,7 +262,7 @@ func startServer(c serverConfig) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{addr: udp.LocalAddr().String(), errc: make(chan error, 3)}
+	s := &server{addr: udp.LocalAddr().String(), udp: udp, errc: make(chan error, 3)}
 	var zone dns.Handler = c.zone
 	if c.observe {
 		s.observer = new(observer)
