@@ -57,28 +57,27 @@ enum verdict {
 // *rnd is the draw a refusal took, for the hook's own use (a slip). In report-only
 // mode every refusal is counted under its reason and the verdict is VERDICT_PASS.
 static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct counters *c,
-				 struct packet *pp, __u64 now, const __u32 *test_rnd, __u32 *rnd)
+				 struct packet *p, __u64 now, const __u32 *test_rnd, __u32 *rnd)
 {
-	struct packet p = *pp;
 	int verdict = VERDICT_DROP;
 
 	// Stateless checks: what can never be a query to this server.
-	if (p.dns_len < MIN_DNS_LEN) {
+	if (p->dns_len < MIN_DNS_LEN) {
 		count(c, COUNTER_DROP_SHORT);
 		goto drop;
 	}
-	if (p.dns_flags & 0x80) {
+	if (p->dns_flags & 0x80) {
 		count(c, COUNTER_DROP_RESPONSE);
 		goto drop;
 	}
 	// The bitmap is read only for ports in a block that lists one: queries from
 	// ephemeral ports, in blocks the default list leaves empty, touch no line of it.
-	if (((s->reflection_blocks >> (p.sport >> 10)) & 1) &&
-	    (s->reflection_ports[(p.sport >> 6) & 1023] & (1ULL << (p.sport & 63)))) {
+	if (((s->reflection_blocks >> (p->sport >> 10)) & 1) &&
+	    (s->reflection_ports[(p->sport >> 6) & 1023] & (1ULL << (p->sport & 63)))) {
 		count(c, COUNTER_DROP_REFLECTION);
 		goto drop;
 	}
-	if (is_exempt(s, &p)) {
+	if (is_exempt(s, p)) {
 		count(c, COUNTER_EXEMPT);
 		goto pass;
 	}
@@ -87,16 +86,16 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 	// every node lets it through for the one draw, which is probability
 	// min(limit/rate) over the nodes. The first node that refuses is the decider.
 	struct judgement j = {.test_rnd = test_rnd, .now = now};
-	__u32 fam = p.v4 & 1;
+	__u32 fam = p->v4 & 1;
 	__u32 steps = s->steps[fam];
 	int refused = 0;
 	__u64 decider = 0;        // the refusing step's limited counter
 	// A query with a valid server cookie comes from the address it claims: it is
 	// judged only in its own address's node, not in the groups it shares.
 	int proven = 0;
-	if (may_hold_cookie(&p)) {
-		int v = check_cookie(ctx, (__u64)p.dns_off << 32 | p.dns_len << 1 | p.v4, now, p.hi, p.lo);
-		if (v == COOKIE_PROVEN && (!steps || own_address_step(&s->step[fam][0], p.v4))) {
+	if (may_hold_cookie(p)) {
+		int v = check_cookie(ctx, (__u64)p->dns_off << 32 | p->dns_len << 1 | p->v4, now, p->hi, p->lo);
+		if (v == COOKIE_PROVEN && (!steps || own_address_step(&s->step[fam][0], p->v4))) {
 			steps = steps ? 1 : 0;
 			proven = 1;
 		} else if (v == COOKIE_INVALID) {
@@ -119,8 +118,8 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 			count(c, COUNTER_ERROR);
 			goto pass;
 		}
-		__u64 hi = p.hi & st->mask_hi;
-		__u64 lo = (p.lo & st->mask_lo) | (p.sport & st->port_mask);
+		__u64 hi = p->hi & st->mask_hi;
+		__u64 lo = (p->lo & st->mask_lo) | (p->sport & st->port_mask);
 		if (hi != prev_hi) {
 			prev_hi = hi;
 			h1 = mix64(s->seed ^ hi);
