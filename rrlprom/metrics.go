@@ -45,6 +45,7 @@ import (
 //	filter_limit_packets_per_second{node}       each level's limit
 //	filter_limited_groups{node}                 groups limited now (Filter.LimitedGroups), by level
 //	filter_exempt_total, filter_report_only_total, filter_errors_total
+//	filter_slipped_total                        limited queries answered with TC at XDP
 //	filter_capacity_queries_per_second          the capacity mode (Config keyword capacity):
 //	filter_capacity_overloaded                  capacity, 1 while overloaded, the water level,
 //	filter_capacity_water_level                 the arrivals, overloads so far, and 1 when the
