@@ -1,7 +1,7 @@
 package rrl
 
 // Rate estimation: the per-cell estimator and the hashing shared, operation for
-// operation, with filter_bpf.c. This file is the specification of those functions;
+// operation, with bpf/sketch.h. This file is the specification of those functions;
 // the C program must produce the same bits for the same inputs.
 //
 // Estimator. Each cell holds an exponentially decayed count of the packets that

@@ -12,7 +12,9 @@ import (
 // TestKernelMatchesModel replays one packet sequence, with the same clock readings and
 // random draws, through the Go Limiter and through the kernel program under
 // BPF_PROG_TEST_RUN, and requires the same verdict for every packet and the same
-// sketch cells at the end, for IPv4 and IPv6 sources.
+// sketch cells at the end, for IPv4 and IPv6 sources: for the socket filter and for
+// the XDP program, whose refusals are drops or, for the slip-ratio share of the
+// draws, truncated responses.
 func TestKernelMatchesModel(t *testing.T) {
 	configs := []struct {
 		name   string
@@ -28,21 +30,28 @@ func TestKernelMatchesModel(t *testing.T) {
 			{"requests-per-second", "40"}, {"source-port-factor", "0"}, {"ipv4-request-levels", "32:1 8:100"},
 			{"ipv6-request-levels", "128:1 96:2 64:4"}}},
 	}
-	for i, c := range configs {
-		t.Run(c.name, func(t *testing.T) {
-			cfg := NewConfig()
-			for _, kv := range c.values {
-				if err := cfg.SetValue(kv[0], kv[1]); err != nil {
-					t.Fatal(err)
+	for _, hook := range []string{"socket", "xdp"} {
+		for i, c := range configs {
+			t.Run(hook+"/"+c.name, func(t *testing.T) {
+				cfg := NewConfig()
+				for _, kv := range c.values {
+					if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+						t.Fatal(err)
+					}
 				}
-			}
-			crossCheck(t, cfg, uint64(0x5eed5eed12345678+i), c.name != "report-only")
-		})
+				crossCheck(t, cfg, uint64(0x5eed5eed12345678+i), c.name != "report-only", hook == "xdp")
+			})
+		}
 	}
 }
 
-func crossCheck(t *testing.T, cfg *Config, seed uint64, wantDrops bool) {
+func crossCheck(t *testing.T, cfg *Config, seed uint64, wantDrops, xdp bool) {
 	objs := loadTestObjects(t)
+	prog := objs.FilterTest
+	if xdp {
+		prog = loadXDPTest(t, objs).Test
+	}
+	slips := 0
 	model, err := newLimiterSeed(cfg, seed)
 	if err != nil {
 		t.Fatal(err)
@@ -103,11 +112,24 @@ func crossCheck(t *testing.T, cfg *Config, seed uint64, wantDrops bool) {
 		if err := objs.TestInput.Put(uint32(0), &filterTestInput{Now: uint64(max(now, 0)), Rnd: rnd}); err != nil {
 			t.Fatal(err)
 		}
-		ret, err := objs.FilterTest.Run(&ebpf.RunOptions{Data: pkt})
+		ret, err := prog.Run(&ebpf.RunOptions{Data: pkt})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := ret != 0; got != want {
+		got := ret != 0
+		if xdp {
+			got = ret == xdpPass
+			// A refusal slips for the slip-ratio share of draws, unless the
+			// query is one slip_reply does not answer (IPv6 extension headers).
+			wantTX := !want && !cfg.reportOnly && xdpSlips(rnd, cfg.slipRatio) && (src.Addr().Is4() || i%2 != 0)
+			if (ret == xdpTX) != wantTX || ret != xdpPass && ret != xdpDrop && ret != xdpTX {
+				t.Fatalf("packet %d from %v at %d draw %#x: XDP action %d, want a slip %v", i, src, now, rnd, ret, wantTX)
+			}
+			if wantTX {
+				slips++
+			}
+		}
+		if got != want {
 			t.Fatalf("packet %d from %v at %d draw %#x: kernel pass=%v, model pass=%v", i, src, now, rnd, got, want)
 		}
 		if want {
@@ -116,8 +138,8 @@ func crossCheck(t *testing.T, cfg *Config, seed uint64, wantDrops bool) {
 			drops++
 		}
 	}
-	if passes == 0 || (drops == 0) == wantDrops {
-		t.Fatalf("sequence did not exercise both verdicts: %d passed, %d dropped", passes, drops)
+	if passes == 0 || (drops == 0) == wantDrops || xdp && wantDrops && (slips == 0 || slips == drops) {
+		t.Fatalf("sequence did not exercise every verdict: %d passed, %d dropped, %d slipped", passes, drops, slips)
 	}
 
 	var idx uint32

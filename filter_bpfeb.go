@@ -47,7 +47,7 @@ type filterCounters struct {
 	_           structs.HostLayout
 	ClockSync   uint64
 	ClockOffset uint64
-	Value       [175]uint64
+	Value       [176]uint64
 }
 
 type filterExempt4Key struct {
@@ -90,6 +90,8 @@ type filterSettings struct {
 	HasExempt4       uint8
 	HasExempt6       uint8
 	Slot             uint8
+	SlipRatio        uint32
+	Pad              uint32
 	Generation       uint64
 	FlippedNs        uint64
 	Seed             uint64
@@ -133,6 +135,14 @@ type filterTestInput struct {
 	Pad uint32
 }
 
+type filterXdpDestKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Port    uint16
+	Pad     uint16
+	Addr    [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -147,6 +157,8 @@ const (
 	filterMapRrlSettings      = "rrl_settings"
 	filterMapRrlTestFp        = "rrl_test_fp"
 	filterMapRrlTestInput     = "rrl_test_input"
+	filterMapRrlXdpDests      = "rrl_xdp_dests"
+	filterMapRrlXdpState      = "rrl_xdp_state"
 	filterProgRrlFilter       = "rrl_filter"
 	filterProgRrlFilterTest   = "rrl_filter_test"
 	filterProgRrlFpTest       = "rrl_fp_test"
@@ -213,6 +225,8 @@ type filterMapSpecs struct {
 	RrlSettings      *ebpf.MapSpec `ebpf:"rrl_settings"`
 	RrlTestFp        *ebpf.MapSpec `ebpf:"rrl_test_fp"`
 	RrlTestInput     *ebpf.MapSpec `ebpf:"rrl_test_input"`
+	RrlXdpDests      *ebpf.MapSpec `ebpf:"rrl_xdp_dests"`
+	RrlXdpState      *ebpf.MapSpec `ebpf:"rrl_xdp_state"`
 }
 
 // filterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -251,6 +265,8 @@ type filterMaps struct {
 	RrlSettings      *ebpf.Map `ebpf:"rrl_settings"`
 	RrlTestFp        *ebpf.Map `ebpf:"rrl_test_fp"`
 	RrlTestInput     *ebpf.Map `ebpf:"rrl_test_input"`
+	RrlXdpDests      *ebpf.Map `ebpf:"rrl_xdp_dests"`
+	RrlXdpState      *ebpf.Map `ebpf:"rrl_xdp_state"`
 }
 
 func (m *filterMaps) Close() error {
@@ -265,6 +281,8 @@ func (m *filterMaps) Close() error {
 		m.RrlSettings,
 		m.RrlTestFp,
 		m.RrlTestInput,
+		m.RrlXdpDests,
+		m.RrlXdpState,
 	)
 }
 

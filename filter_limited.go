@@ -21,10 +21,10 @@ import (
 )
 
 const (
-	// limitedSample is LIMITED_SAMPLE in filter_bpf.c: one refused packet in
+	// limitedSample is LIMITED_SAMPLE in bpf/limited.h: one refused packet in
 	// limitedSample is recorded, so a recorded drop stands for limitedSample.
 	limitedSample = 16
-	// limitedGroupsMax is LIMITED_GROUPS in filter_bpf.c.
+	// limitedGroupsMax is LIMITED_GROUPS in bpf/limited.h.
 	limitedGroupsMax = 4096
 	// limitedFresh is how recent a group's last recorded drop must be for it to
 	// count as limited now. At one drop in limitedSample recorded, a group refused

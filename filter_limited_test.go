@@ -252,19 +252,19 @@ func TestKernelLimitedGroupsBounded(t *testing.T) {
 }
 
 // TestLimitedConstantsMatchProgram: the sampling rate and capacity LimitedGroups
-// assumes are those filter_bpf.c declares.
+// assumes are those the programs' header bpf/limited.h declares.
 func TestLimitedConstantsMatchProgram(t *testing.T) {
-	src, err := os.ReadFile("filter_bpf.c")
+	src, err := os.ReadFile("bpf/limited.h")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]int{"LIMITED_SAMPLE": limitedSample, "LIMITED_GROUPS": limitedGroupsMax} {
 		m := regexp.MustCompile(`(?m)^#define ` + name + ` (\d+)$`).FindSubmatch(src)
 		if m == nil {
-			t.Fatalf("filter_bpf.c: no #define %s", name)
+			t.Fatalf("bpf/limited.h: no #define %s", name)
 		}
 		if v, _ := strconv.Atoi(string(m[1])); v != want {
-			t.Errorf("filter_bpf.c %s %d, Go %d", name, v, want)
+			t.Errorf("bpf/limited.h %s %d, Go %d", name, v, want)
 		}
 	}
 }

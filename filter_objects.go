@@ -15,9 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// layoutVersion identifies the layout of the filter's maps; filter_bpf.c's
-// LAYOUT_VERSION is the same number.
-const layoutVersion = 9
+// layoutVersion identifies the layout of the filter's maps; LAYOUT_VERSION in
+// bpf/common.h is the same number.
+const layoutVersion = 10
 
 // kernelObjects are the program and maps production loads: test-only programs and
 // maps in filter_bpf.c stay out of the kernel.
@@ -34,11 +34,14 @@ type kernelObjects struct {
 	CookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
 	// The groups the request limiter refused lately (filter_limited.go).
 	Limited *ebpf.Map `ebpf:"rrl_limited"`
+	// What XDP judges, so that the socket filter does not judge it again (xdp.go).
+	XDPDests *ebpf.Map `ebpf:"rrl_xdp_dests"`
+	XDPState *ebpf.Map `ebpf:"rrl_xdp_state"`
 }
 
 func (o *kernelObjects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets, o.Limited} {
+	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets, o.Limited, o.XDPDests, o.XDPState} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
@@ -141,7 +144,7 @@ func randomSeed() (uint64, error) {
 	return binary.LittleEndian.Uint64(b[:]), nil
 }
 
-// Indexes of struct counters in filter_bpf.c (enum counter).
+// Indexes of struct counters in bpf/counters.h (enum counter).
 const (
 	counterSeen = iota
 	counterPassed
@@ -159,11 +162,12 @@ const (
 const (
 	counterCookiePassed = counterLimited0 + numLimited + iota
 	counterCookieInvalid
+	counterSlipped
 	counterMax
 )
 
 // numLimited is the number of limited counters: one for every IPv4 and IPv6 prefix
-// length, the port node and the total node (NUM_LIMITED in filter_bpf.c).
+// length, the port node and the total node (NUM_LIMITED in bpf/counters.h).
 const numLimited = 33 + 129 + 2
 
 // The counters struct generated from filter_bpf.c must have one slot per counter.

@@ -128,6 +128,8 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 		pinProgram: objs.Program, pinSettings: objs.Settings, pinExempt4: objs.Exempt4,
 		pinExempt6: objs.Exempt6, pinConfig: cm, pinCounters: objs.Counters, pinCells: objs.Cells,
 		pinLimited:       objs.Limited,
+		pinXDPDests:      objs.XDPDests,
+		pinXDPState:      objs.XDPState,
 		pinCookieSecrets: objs.CookieSecrets,
 		pinCapacity:      capMap,
 	}
@@ -338,7 +340,9 @@ func Unpin(pinDir string) error {
 		}
 		m.Close()
 	}
-	var errs []error
+	// XDP attachments first (xdp.go): they use the maps, and detaching removes
+	// their destinations, so that the socket filter judges those packets again.
+	errs := []error{removeXDPLinks(pinDir)}
 	removed := 0
 	for _, name := range slices.Backward(pinOrder) {
 		err := os.Remove(filepath.Join(pinDir, name))
@@ -349,10 +353,10 @@ func Unpin(pinDir string) error {
 			errs = append(errs, fmt.Errorf("rrl: %w", err))
 		}
 	}
-	if removed == 0 && len(errs) == 0 {
+	if removed == 0 && errors.Join(errs...) == nil {
 		return fmt.Errorf("rrl: nothing pinned in %s: %w", pinDir, fs.ErrNotExist)
 	}
-	if flags&configDirCreated != 0 && len(errs) == 0 {
+	if flags&configDirCreated != 0 && errors.Join(errs...) == nil {
 		// An error (ENOTEMPTY: someone else's files are there) leaves it in place.
 		_ = os.Remove(pinDir)
 	}

@@ -14,6 +14,9 @@ package rrl
 //	rrl_counters        per-CPU counters                      0440
 //	rrl_cells           the sketches                          0440
 //	rrl_limited         the groups limited lately             0440
+//	rrl_xdp_dests       what XDP judges (xdp.go)              0440
+//	rrl_xdp_state       the number of XDP destinations        0440
+//	rrl_xdplink_IFACE   an XDP attachment (AttachXDP)         0600
 //	rrl_cookie_secrets  server cookie secrets (UseCookies)    0220
 //	rrl_capacity        the capacity controller's status      0660
 //	                    (capacity_pin.go)
@@ -65,6 +68,8 @@ const (
 	pinCounters = "rrl_counters"
 	pinCells    = "rrl_cells"
 	pinLimited  = "rrl_limited"
+	pinXDPDests = "rrl_xdp_dests"
+	pinXDPState = "rrl_xdp_state"
 
 	pinCookieSecrets = "rrl_cookie_secrets"
 	pinCapacity      = "rrl_capacity"
@@ -80,13 +85,15 @@ var pinModes = map[string]os.FileMode{
 	pinCounters: 0o440,
 	pinCells:    0o440,
 	pinLimited:  0o440,
+	pinXDPDests: 0o440,
+	pinXDPState: 0o440,
 
 	pinCookieSecrets: 0o220,
 	pinCapacity:      0o660,
 }
 
 // pinOrder lists the pins in the order LoadPinned creates them.
-var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinLimited, pinConfig, pinCookieSecrets, pinCapacity, pinProgram}
+var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinLimited, pinXDPDests, pinXDPState, pinConfig, pinCookieSecrets, pinCapacity, pinProgram}
 
 const (
 	// configValueSize bounds the stored Config text: room for 2,048 exempt prefixes

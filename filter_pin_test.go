@@ -43,11 +43,11 @@ type pinEnv struct {
 	base, mnt, bin string
 }
 
-func newPinEnv(t *testing.T) *pinEnv { return newPinEnvMode(t, "0755") }
+func newPinEnv(t testing.TB) *pinEnv { return newPinEnvMode(t, "0755") }
 
 // newPinEnvMode is newPinEnv with the bpffs root given mode (octal, e.g. "1777",
 // the kernel's default).
-func newPinEnvMode(t *testing.T, mode string) *pinEnv {
+func newPinEnvMode(t testing.TB, mode string) *pinEnv {
 	t.Helper()
 	requireBPF(t)
 	base, err := os.MkdirTemp("", "rrl-pin-")

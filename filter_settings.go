@@ -2,7 +2,7 @@
 
 package rrl
 
-// The filter's settings are double-buffered (struct settings in filter_bpf.c): entry 0
+// The filter's settings are double-buffered (struct settings in bpf/settings.h): entry 0
 // of rrl_settings is a header naming the slot in force, entries 1 and 2 are the
 // slots, and the exempt tries hold each slot's prefixes under that slot's number. A
 // change is written into the slot not in force and then takes effect with a single
@@ -287,6 +287,7 @@ func kernelSettings(cfg *Config, seed uint64) *filterSettings {
 	if cfg.reportOnly {
 		s.ReportOnly = 1
 	}
+	s.SlipRatio = uint32(cfg.slipRatio)
 	lat := latticeOf(cfg)
 	// The C program indexes steps by "is IPv4": [0] IPv6, [1] IPv4.
 	for fam, first := range [2]int{nodeIPv6First, nodeIPv4First} {

@@ -26,6 +26,7 @@ func (f *Filter) Stats() (FilterStats, error) {
 	st.DroppedShort, st.DroppedResponse, st.DroppedReflection = sum[counterDropShort], sum[counterDropResponse], sum[counterDropReflection]
 	st.Exempt, st.ReportOnly, st.Errors = sum[counterExempt], sum[counterReportOnly], sum[counterError]
 	st.CookiePassed, st.CookieInvalid = sum[counterCookiePassed], sum[counterCookieInvalid]
+	st.Slipped = sum[counterSlipped]
 	st.Capacity = f.capacityStats() // capacity_linux.go
 	// Each level counts in a counter of its own (limitedCounter), so a counter's
 	// label never changes; which levels are in force, and their limits, are read

@@ -91,6 +91,7 @@ type FilterStats struct {
 	Errors            uint64 // internal failures (passed)
 	CookiePassed      uint64 // passed on a valid server cookie, judged only in their address's level (Filter.UseCookies)
 	CookieInvalid     uint64 // carried a server cookie that did not verify: judged as without one
+	Slipped           uint64 // limited, and answered at the driver with a truncated response (XDP mode, AttachXDP)
 	// CookieSecrets is how many server cookie secrets the eBPF filter verifies
 	// cookies with: 0 (it looks at no cookie), 1, or 2 (a previous one accepted
 	// too). Never the secrets themselves. For a pinned filter it is what the

@@ -6,7 +6,7 @@ import (
 )
 
 // fixed is the unsigned fixed-point number format shared by the Go code and the
-// kernel filter (filter_bpf.c implements the same operations on the same bits).
+// kernel filter (bpf/fixedpoint.h implements the same operations on the same bits).
 // A fixed is a uint64 holding value * 2^32: 32 integer bits and 32 fraction bits,
 // so it represents 0 to just under 2^32 in steps of 2^-32 (about 2.3e-10).
 //

@@ -303,7 +303,7 @@ func (l *Limiter) allowProven(src netip.AddrPort) bool {
 }
 
 // decideProvenAt is decideAt for a query with a valid server cookie, judged as the
-// kernel program judges one (filter_bpf.c, filter): an exempt source passes
+// kernel program judges one (bpf/judge.h, judge): an exempt source passes
 // uncounted; when the finest level of the source's family keys on the whole address
 // (/32, /128), the query is counted and limited at that node only, not in the groups
 // it shares and not at the port and total nodes; with no node at all for its family

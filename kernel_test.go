@@ -39,10 +39,12 @@ type testObjects struct {
 	Exempt6    *ebpf.Map     `ebpf:"rrl_exempt6"`
 	Secrets    *ebpf.Map     `ebpf:"rrl_cookie_secrets"`
 	Limited    *ebpf.Map     `ebpf:"rrl_limited"`
+	XDPDests   *ebpf.Map     `ebpf:"rrl_xdp_dests"`
+	XDPState   *ebpf.Map     `ebpf:"rrl_xdp_state"`
 }
 
 func (o *testObjects) Close() {
-	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Secrets, o.Limited} {
+	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Secrets, o.Limited, o.XDPDests, o.XDPState} {
 		c.Close()
 	}
 }
@@ -138,18 +140,18 @@ func kernelMul(a, b fixed) fixed {
 }
 
 // TestLayoutVersionMatchesProgram: the version the Go side writes into the settings
-// (and checks in pins) is the one filter_bpf.c declares.
+// (and checks in pins) is the one the programs' shared headers declare.
 func TestLayoutVersionMatchesProgram(t *testing.T) {
-	src, err := os.ReadFile("filter_bpf.c")
+	src, err := os.ReadFile("bpf/common.h")
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := regexp.MustCompile(`(?m)^#define LAYOUT_VERSION (\d+)$`).FindSubmatch(src)
 	if m == nil {
-		t.Fatal("filter_bpf.c: no #define LAYOUT_VERSION")
+		t.Fatal("bpf/common.h: no #define LAYOUT_VERSION")
 	}
 	if v, _ := strconv.Atoi(string(m[1])); v != layoutVersion {
-		t.Fatalf("filter_bpf.c LAYOUT_VERSION %d, layoutVersion %d", v, layoutVersion)
+		t.Fatalf("bpf/common.h LAYOUT_VERSION %d, layoutVersion %d", v, layoutVersion)
 	}
 }
 

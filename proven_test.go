@@ -29,21 +29,30 @@ func TestKernelMatchesModelProven(t *testing.T) {
 		{"report-only, exempt clients", [][2]string{{"requests-per-second", "20"}, {"report-only", "true"},
 			{"exempt-clients", "10.1.0.0/16 fd00:0:1::/48"}}},
 	}
-	for _, c := range configs {
-		t.Run(c.name, func(t *testing.T) {
-			cfg := NewConfig()
-			for _, kv := range c.values {
-				if err := cfg.SetValue(kv[0], kv[1]); err != nil {
-					t.Fatal(err)
+	for _, hook := range []string{"socket", "xdp"} {
+		for _, c := range configs {
+			t.Run(hook+"/"+c.name, func(t *testing.T) {
+				cfg := NewConfig()
+				for _, kv := range c.values {
+					if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+						t.Fatal(err)
+					}
 				}
-			}
-			crossCheckProven(t, cfg, c.name != "no limits" && c.name[:6] != "report")
-		})
+				crossCheckProven(t, cfg, c.name != "no limits" && c.name[:6] != "report", hook == "xdp")
+			})
+		}
 	}
 }
 
-func crossCheckProven(t *testing.T, cfg *Config, wantDrops bool) {
+// crossCheckProven runs the sequence through the socket filter's test program, or
+// with xdp through the XDP program's (a refusal is then a drop or a slip: the model
+// says only whether the packet passes).
+func crossCheckProven(t *testing.T, cfg *Config, wantDrops, xdp bool) {
 	rig := newCookieRig(t, cfg)
+	prog := rig.objs.FilterTest
+	if xdp {
+		prog = loadXDPTest(t, rig.objs).Test
+	}
 	model, err := newLimiterSeed(cfg, 7) // the rig's seed
 	if err != nil {
 		t.Fatal(err)
@@ -102,11 +111,15 @@ func crossCheckProven(t *testing.T, cfg *Config, wantDrops bool) {
 		if err := rig.objs.TestInput.Put(uint32(0), &filterTestInput{Now: uint64(max(now, 0)), Rnd: rnd}); err != nil {
 			t.Fatal(err)
 		}
-		ret, err := rig.objs.FilterTest.Run(&ebpf.RunOptions{Data: cookiePacket(src, payload)})
+		ret, err := prog.Run(&ebpf.RunOptions{Data: cookiePacket(src, payload)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := ret != 0; got != want {
+		got := ret != 0
+		if xdp {
+			got = ret == xdpPass
+		}
+		if got != want {
 			t.Fatalf("packet %d from %v (proven %v) at %d draw %#x: kernel pass=%v, model pass=%v", i, src, proven, now, rnd, got, want)
 		}
 		counts[b2i(proven)][b2i(want)]++

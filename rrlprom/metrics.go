@@ -45,6 +45,7 @@ import (
 //	filter_limit_packets_per_second{node}       each level's limit
 //	filter_limited_groups{node}                 groups limited now (Filter.LimitedGroups), by level
 //	filter_exempt_total, filter_report_only_total, filter_errors_total
+//	filter_slipped_total                        limited queries answered with TC at XDP
 //	filter_capacity_queries_per_second          the capacity mode (Config keyword capacity):
 //	filter_capacity_overloaded                  capacity, 1 while overloaded, the water level,
 //	filter_capacity_water_level                 the arrivals, overloads so far, and 1 when the
@@ -76,7 +77,7 @@ type Collector struct {
 	hResponses, hBadCookie, hExempt, hLimited, hCookies, hMalformed *prometheus.Desc
 
 	fMode, fPackets, fPassed, fNotDNS, fDropped, fLimited, fLimit, fGroups, fExempt, fReportOnly, fErrors *prometheus.Desc
-	fCookiePassed, fCookieInvalid                                                                         *prometheus.Desc
+	fCookiePassed, fCookieInvalid, fSlipped                                                               *prometheus.Desc
 
 	lPackets, lExempt, lLimited, lLimit *prometheus.Desc
 
@@ -140,6 +141,7 @@ func NewCollector(namespace string, r *rrl.RRL, opts ...CollectorOption) *Collec
 	c.fErrors = d("filter", "errors_total", "Internal failures of the kernel filter (packets passed).")
 	c.fCookiePassed = d("filter", "cookie_passed_total", "Queries the kernel filter passed on a valid server cookie, judged only against their own address's limit.")
 	c.fCookieInvalid = d("filter", "cookie_invalid_total", "Queries whose server cookie did not verify in the kernel filter, judged as without one.")
+	c.fSlipped = d("filter", "slipped_total", "Request-limited queries answered at the driver (XDP mode) with a truncated response, so that the client retries over TCP.")
 
 	c.lPackets = d("limiter", "packets_total", "Packets the Go request limiter judged (exempt ones are not).")
 	c.lExempt = d("limiter", "exempt_total", "Packets from exempt clients, passed uncounted.")
@@ -171,7 +173,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.debits, c.actions, c.reportOnly, c.ipReasons, c.rtReasons, c.accounts, c.evictions,
 		c.hResponses, c.hBadCookie, c.hExempt, c.hLimited, c.hCookies, c.hMalformed,
 		c.fMode, c.fPackets, c.fPassed, c.fNotDNS, c.fDropped, c.fLimited, c.fLimit, c.fGroups, c.fExempt, c.fReportOnly, c.fErrors,
-		c.fCookiePassed, c.fCookieInvalid,
+		c.fCookiePassed, c.fCookieInvalid, c.fSlipped,
 		c.lPackets, c.lExempt, c.lLimited, c.lLimit,
 		c.tAccepted, c.tRefused, c.tAcceptErrors, c.tOpen, c.tClients, c.tMax,
 	} {
@@ -300,5 +302,6 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 	counter(c.fErrors, float64(st.Errors))
 	counter(c.fCookiePassed, float64(st.CookiePassed))
 	counter(c.fCookieInvalid, float64(st.CookieInvalid))
+	counter(c.fSlipped, float64(st.Slipped))
 	c.fCapacity.collect(st.Capacity, counter, gauge)
 }

@@ -13,6 +13,8 @@
 //	rrlctl attach -pid PID -listen ADDR:PORT [-pin DIR] [-KEYWORD VALUE ...]
 //	rrlctl detach -pid PID -listen ADDR:PORT [-pin DIR] [-unpin]
 //	rrlctl control [-pid PID -listen ADDR:PORT] [-pin DIR] [-interval 250ms]
+//	rrlctl xdp attach -dev IFACE -pin DIR [-mode native|generic] [-ports 53] [-addrs A,B]
+//	rrlctl xdp detach -dev IFACE [-pin DIR]
 //
 // load and unload need root (CAP_BPF, CAP_CHOWN); attach and detach, which protect a
 // running server that never calls rrl.Attach (named, Knot, Unbound...), need root or
@@ -72,7 +74,7 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
-var commands = []*command{loadCommand, unloadCommand, statsCommand, setCommand, configCommand, topCommand, attachCommand, detachCommand, controlCommand}
+var commands = []*command{loadCommand, unloadCommand, statsCommand, setCommand, configCommand, topCommand, attachCommand, detachCommand, controlCommand, xdpCommand}
 
 const overview = `rrlctl manages the rrl kernel filter pinned in a bpffs directory.
 

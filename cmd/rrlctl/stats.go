@@ -116,6 +116,7 @@ var reasons = []reason{
 	{"errors (passed)", "errors", false, func(s rrl.FilterStats) uint64 { return s.Errors }},
 	{"valid cookie (passed)", "cookie_passed", false, func(s rrl.FilterStats) uint64 { return s.CookiePassed }},
 	{"invalid cookie", "cookie_invalid", false, func(s rrl.FilterStats) uint64 { return s.CookieInvalid }},
+	{"slipped at XDP (limited, answered TC)", "slipped", false, func(s rrl.FilterStats) uint64 { return s.Slipped }},
 }
 
 // limited is the number of packets the levels dropped.
