@@ -110,9 +110,11 @@ const (
 	capacityGain = 0.25
 	// capacityRise is how fast R grows, per second in the logarithm, while the
 	// queues run empty under the limits: faster regains a server that got faster
-	// sooner (a ±30% jitter every 100 ms needs about 4: 10% in 25 ms) and
-	// overshoots into the queue more before the occupancy shows it.
-	capacityRise = 4
+	// sooner (the simulated schedules' speed-ups, up to twice as fast, need 3
+	// to be served at 0.9 within 2 s) and overshoots into the queue more before the
+	// occupancy shows it (a capped live server whose speed swings from one moment
+	// to the next overflowed about as often at 4 as at 3, twice as often as at 2).
+	capacityRise = 3
 	// capacityExitBelow and capacityExitHold: the overload ends once arrivals stay
 	// below this share of R for this long. Closer to 1 or shorter lifts the limits
 	// sooner after a flood, and flaps more when a flood hovers around R.

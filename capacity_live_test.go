@@ -161,7 +161,7 @@ func newCapLive(t testing.TB) *capLive {
 		}
 	}
 	l := &capLive{ns: ns, cgroup: cg, dst: netip.MustParseAddrPort(capServerAddr), exe: os.Args[0]}
-	if handlerRace {
+	if raceDetector {
 		// The race detector would multiply the capped server's costs, its
 		// controller's most: the server is this package's tests built without it.
 		l.exe = filepath.Join(t.TempDir(), "server.test")

@@ -42,7 +42,7 @@ func TestLimitReaderReusesBuffer(t *testing.T) {
 	// A flood the Limiter refuses costs the server no read buffers: a refused
 	// datagram's buffer takes the next one. The server's buffers are 4 KiB here,
 	// so one per refused packet would show as 4 KiB allocated per packet.
-	if handlerRace {
+	if raceDetector {
 		t.Skip("the race detector allocates")
 	}
 	for _, generic := range []bool{false, true} {

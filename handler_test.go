@@ -515,7 +515,7 @@ func TestHandlerDoesNotModifyResponse(t *testing.T) {
 }
 
 func TestHandlerSendAllocations(t *testing.T) {
-	if handlerRace {
+	if raceDetector {
 		t.Skip("the race detector allocates")
 	}
 	h, w, q := benchHandler(t, false)

@@ -144,7 +144,7 @@ func TestReadmeQuickStart(t *testing.T) {
 	}
 
 	build := []string{"build", "-o", filepath.Join(dir, "server")}
-	if handlerRace {
+	if raceDetector {
 		build = append(build, "-race") // shares the build cache with this test's dependencies
 	}
 	run(append(build, ".")...)

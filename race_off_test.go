@@ -2,4 +2,4 @@
 
 package rrl
 
-const handlerRace = false
+const raceDetector = false
