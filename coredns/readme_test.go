@@ -88,7 +88,7 @@ func TestDocumentedGoMod(t *testing.T) {
 	bin := filepath.Join(dir, "coredns")
 	cmd := exec.Command(gobin, "build", "-o", bin, ".")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build with go.mod\n%s\n%v\n%s", gomod, err, out)
 	}
