@@ -13,8 +13,8 @@ import (
 	"github.com/dnsrake/rrl/internal/testutil"
 )
 
-// The capacity mode live while the capped server's speed changes under a flood
-// (issue 30): a CPU burner moves into its cgroup for 1.5 s, three times; its quota
+// The capacity mode live while the capped server's speed changes under a flood:
+// a CPU burner moves into its cgroup for 1.5 s, three times; its quota
 // doubles; its quota halves. The test asserts what holds on a loaded machine (light
 // /24s kept from 2 s after the last change, the limits lifting after the flood);
 // BenchmarkLiveCapacityChanges reports what the server answered against its C.

@@ -2,7 +2,7 @@ package rrl
 
 import "github.com/miekg/dns"
 
-// Query names as the kernel filter will read them (the name hierarchy, issue 31;
+// Query names as the kernel filter will read them (the name hierarchy;
 // docs/names.md). This file is the specification the C side must follow bit for bit:
 // the walk over the question's labels, what it refuses, and the hashes of the name
 // and its suffixes. Nothing here is wired into the kernel program or the Limiter yet.

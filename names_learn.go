@@ -7,8 +7,8 @@ import (
 	"github.com/miekg/dns"
 )
 
-// Which names exist, learned from the server's own responses only (issue 31;
-// docs/names.md). The per-packet path (nameLearner.classify) only reads; the only
+// Which names exist, learned from the server's own responses only
+// (docs/names.md). The per-packet path (nameLearner.classify) only reads; the only
 // writer is nameLearner.observe, fed the responses the server's handler wrote, so a
 // flood of forged queries teaches nothing: an attacker can make the server answer,
 // and it learns what the answers say, which is the truth about the zone. Not yet

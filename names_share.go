@@ -2,7 +2,7 @@ package rrl
 
 import "slices"
 
-// The name hierarchy's share of the capacity (issue 31; docs/names.md): the Go model
+// The name hierarchy's share of the capacity (docs/names.md): the Go model
 // of what the controller will compute once per tick and the kernel program will
 // apply per packet. Not yet wired: no controller computes it and no filter applies
 // it.
