@@ -60,9 +60,14 @@ func TestFilterFootprint(t *testing.T) {
 			limit = min(limit, v)
 		}
 	}
-	// The server cookie check (SipHash and the option lookup) takes the program from
-	// about 7.5 KB to about 12 KB: still well under two thirds of the smallest default.
-	if optmem < 0 || optmem > limit*2/3 {
+	// The server cookie check (SipHash and the option lookup) took the program from
+	// about 7.5 KB to about 12 KB, the judging of every packet the parser cannot
+	// follow and the XDP mode's skip of what XDP judged to about 14 KB. The kernel
+	// charges a new filter before it releases the one it replaces (the classic
+	// prefilter Protect attaches first, a few hundred bytes), so the program must
+	// leave room for that and a socket's own options: three quarters of the
+	// smallest default leaves 5 KB.
+	if optmem < 0 || optmem > limit*3/4 {
 		t.Errorf("filter charged %d bytes of socket option memory; want well under optmem_max %d", optmem, limit)
 	}
 	if mapBytes > 1<<20 {
