@@ -63,8 +63,8 @@ func TestFilterFootprint(t *testing.T) {
 	// The server cookie check (SipHash and the option lookup) took the program from
 	// about 7.5 KB to about 12 KB, XDP's share of the code to 14 KB, and the rules
 	// that let it load with CAP_BPF alone (global functions, immediate counter
-	// increments, SipHash's rounds as calls) to about 15.3 KB. Loaded by a process
-	// without CAP_PERFMON it is about 1.3 KB larger again (the verifier's Spectre v1
+	// increments, SipHash's rounds as calls) to about 15.5 KB. Loaded by a process
+	// without CAP_PERFMON it is about 1.2 KB larger again (the verifier's Spectre v1
 	// masks): still under 85% of the smallest default.
 	if optmem < 0 || optmem > limit*85/100 {
 		t.Errorf("filter charged %d bytes of socket option memory; want well under optmem_max %d", optmem, limit)

@@ -53,28 +53,25 @@ struct sip_state {
 	__u64 v0, v1, v2, v3;
 };
 
-// sip_round is one SipHash round. A subprogram, so that siphash24 is one copy of
-// the round and no loop: for a process without CAP_PERFMON the verifier also walks
-// the path a mispredicted loop exit would take, and on a loop whose turns differ
-// (which word a turn takes) it does not come back from it.
-static __noinline void sip_round(struct sip_state *s)
-{
-	__u64 v0 = s->v0, v1 = s->v1, v2 = s->v2, v3 = s->v3;
-	v0 += v1; v1 = ROTL64(v1, 13); v1 ^= v0; v0 = ROTL64(v0, 32);
-	v2 += v3; v3 = ROTL64(v3, 16); v3 ^= v2;
-	v0 += v3; v3 = ROTL64(v3, 21); v3 ^= v0;
-	v2 += v1; v1 = ROTL64(v1, 17); v1 ^= v2; v2 = ROTL64(v2, 32);
-	s->v0 = v0; s->v1 = v1; s->v2 = v2; s->v3 = v3;
-}
+#define SIPROUND                                                        \
+	do {                                                            \
+		v0 += v1; v1 = ROTL64(v1, 13); v1 ^= v0; v0 = ROTL64(v0, 32); \
+		v2 += v3; v3 = ROTL64(v3, 16); v3 ^= v2;                \
+		v0 += v3; v3 = ROTL64(v3, 21); v3 ^= v0;                \
+		v2 += v1; v1 = ROTL64(v1, 17); v1 ^= v2; v2 = ROTL64(v2, 32); \
+	} while (0)
 
-// sip_word takes one message word: two rounds between the xors. A subprogram too,
-// for the program's size.
+// sip_word takes one message word w: two rounds between the xors; the finalisation
+// is sip_word(s, 0) twice (v2 flipped first). A subprogram, so that siphash24 is
+// one copy of the rounds and no loop: for a process without CAP_PERFMON the
+// verifier also walks the path a mispredicted loop exit would take, and on a loop
+// whose turns differ (which word a turn takes) it does not come back from it.
 static __noinline void sip_word(struct sip_state *s, __u64 w)
 {
-	s->v3 ^= w;
-	sip_round(s);
-	sip_round(s);
-	s->v0 ^= w;
+	__u64 v0 = s->v0, v1 = s->v1, v2 = s->v2, v3 = s->v3 ^ w;
+	SIPROUND;
+	SIPROUND;
+	s->v0 = v0 ^ w; s->v1 = v1; s->v2 = v2; s->v3 = v3;
 }
 
 // siphash24 is SipHash-2-4 keyed by k over a message of 2 or 4 (v4 or not) 8-byte
@@ -97,10 +94,8 @@ static __noinline __u64 siphash24(const struct sip_key *k, const __u64 *m, int v
 	}
 	sip_word(&s, last);
 	s.v2 ^= 0xff;
-	sip_round(&s);
-	sip_round(&s);
-	sip_round(&s);
-	sip_round(&s);
+	sip_word(&s, 0);
+	sip_word(&s, 0);
 	return s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
 }
 
