@@ -18,8 +18,8 @@ import (
 // prefilter there instead and returns the Filter in ModeClassic together with an
 // error that says why, for which errors.Is holds with one of:
 //
-//   - ErrNotPermitted: no CAP_BPF and CAP_PERFMON. The message says how to get the eBPF
-//     filter: grant both (setcap cap_bpf,cap_perfmon+ep), attach before dropping
+//   - ErrNotPermitted: no CAP_BPF. The message says how to get the eBPF
+//     filter: grant it (setcap cap_bpf+ep), attach before dropping
 //     privileges (the attached filter keeps working), or attach objects a privileged
 //     step pinned (AttachPinned).
 //   - ErrOptMem: the socket's option memory (net.core.optmem_max) cannot hold the

@@ -25,17 +25,22 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-// The verifier and least privilege. The program loads for a process with CAP_BPF and
-// CAP_PERFMON (TestAttachLeastPrivilege), not with CAP_BPF alone: for a process
-// without CAP_PERFMON the verifier masks every instruction that adds a register to a
-// pointer against Spectre v1, one mask per instruction, and refuses one that sees a
-// different constant on different paths (clang makes those out of loops over arrays
-// and out of the merged increments of count); and once a pointer moves by an unknown
-// value (the reflection-port bitmap, the decay table, the limited counters, the
-// cookie scan) it compares states exactly, stops pruning, and runs out of its million
-// instructions. Attach therefore asks for CAP_PERFMON too (verifierTrusts in
-// filter_objects.go). The XDP program (xdp_bpf.c) is loaded by AttachXDP, which
-// needs CAP_BPF and CAP_NET_ADMIN, and runs the same code.
+// The verifier and least privilege. The program loads for a process whose only
+// capability is CAP_BPF (TestAttachLeastPrivilege). For a process without
+// CAP_PERFMON the verifier masks every addition of a register to a pointer against
+// Spectre v1, one limit per instruction, and walks the paths a mispredicted branch
+// would take; the code keeps to what that allows:
+//   - a pointer moves by a register only where the register has the same bounds on
+//     every path (clang would merge moves by different constants into one: count
+//     and ptr_add write them as immediates);
+//   - an index the verifier cannot know (the decay table, the reflection-port
+//     bitmap, the limited counters) is used only in a global function, checked on
+//     its own after the program: such an index makes the verifier compare states
+//     exactly from then on, which the lattice loop's states would not survive;
+//   - loops test their counter with < (bounded_loop), and the cookie code walks the
+//     packet with helper loads rather than indexing a buffer.
+// The XDP program (xdp_bpf.c) is loaded by AttachXDP, which needs CAP_BPF,
+// CAP_NET_ADMIN and CAP_PERFMON (it compares packet pointers), and runs the same code.
 
 // filter judges one packet with the settings s, counting in c (either may be NULL,
 // a failed lookup); now (ns) and test_rnd (a uniform 32-bit draw, or NULL for

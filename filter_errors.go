@@ -50,8 +50,8 @@ func (e *sysError) Unwrap() []error {
 	return []error{e.sentinel, e.err}
 }
 
-const permissionHint = "loading the eBPF socket filter needs CAP_BPF and CAP_PERFMON " +
-	"(CAP_SYS_ADMIN before Linux 5.8); grant them with 'setcap cap_bpf,cap_perfmon+ep BINARY', " +
+const permissionHint = "loading the eBPF socket filter needs CAP_BPF " +
+	"(CAP_SYS_ADMIN before Linux 5.8); grant it with 'setcap cap_bpf+ep BINARY', " +
 	"attach before dropping privileges (the attached filter keeps working), " +
 	"or attach objects a privileged step pinned in bpffs"
 

@@ -61,13 +61,6 @@ func loadKernelObjects() (*kernelObjects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rrl: filter spec: %w", err)
 	}
-	// The verifier refuses the program, after walking it for seconds, to a process
-	// it does not trust with pointer arithmetic: say so at once. (Without CAP_BPF
-	// either the kernel answers EPERM at once, as the error then says.)
-	if effectiveCap(unix.CAP_BPF) && !verifierTrusts() {
-		return nil, &sysError{op: "rrl: load eBPF filter", sentinel: ErrNotPermitted,
-			err: errVerifierUntrusted, hint: perfmonHint}
-	}
 	var objs kernelObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		var verr *ebpf.VerifierError
@@ -75,34 +68,15 @@ func loadKernelObjects() (*kernelObjects, error) {
 			if missing := missingHelper(); missing != nil {
 				return nil, notSupportedError("rrl: load eBPF filter", missing)
 			}
-			if !verifierTrusts() { // unprivileged_bpf_disabled 0: anyone may try
-				return nil, &sysError{op: "rrl: load eBPF filter", sentinel: ErrNotPermitted,
-					err: err, hint: perfmonHint}
+			// unprivileged_bpf_disabled 0 lets a process without CAP_BPF try:
+			// the verifier then refuses the helpers and maps the program needs.
+			if !effectiveCap(unix.CAP_BPF) && !effectiveCap(unix.CAP_SYS_ADMIN) {
+				return nil, permissionError("rrl: load eBPF filter", err)
 			}
 		}
 		return nil, loadError("rrl: load eBPF filter", err)
 	}
 	return &objs, nil
-}
-
-// errVerifierUntrusted is why a process without CAP_PERFMON cannot load the program.
-var errVerifierUntrusted = errors.New("the process lacks CAP_PERFMON: without it the kernel's " +
-	"verifier masks the program's pointer arithmetic against Spectre v1 and gives up on its paths")
-
-// perfmonHint is the advice for a verifier rejection in a process the verifier does
-// not trust with pointer arithmetic (see verifierTrusts).
-const perfmonHint = "loading the eBPF socket filter needs CAP_BPF and CAP_PERFMON; " +
-	"grant both with 'setcap cap_bpf,cap_perfmon+ep BINARY', attach before dropping " +
-	"privileges (the attached filter keeps working), or attach objects a privileged step " +
-	"pinned in bpffs"
-
-// verifierTrusts reports whether this process has CAP_PERFMON or CAP_SYS_ADMIN in
-// its effective set: the verifier then checks a program without the Spectre v1
-// sanitation it applies to other processes, under which this program's paths do not
-// fit in its limit (TestAttachLeastPrivilege loads it with CAP_BPF alone to hold
-// that). It reports true when the set cannot be read, so that the kernel decides.
-func verifierTrusts() bool {
-	return effectiveCap(unix.CAP_PERFMON) || effectiveCap(unix.CAP_SYS_ADMIN)
 }
 
 // effectiveCap reports whether capability c is in the process's effective set, true when

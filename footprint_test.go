@@ -61,13 +61,15 @@ func TestFilterFootprint(t *testing.T) {
 		}
 	}
 	// The server cookie check (SipHash and the option lookup) took the program from
-	// about 7.5 KB to about 12 KB, the judging of every packet the parser cannot
-	// follow and the XDP mode's skip of what XDP judged to about 14 KB. The kernel
-	// charges a new filter before it releases the one it replaces (the classic
-	// prefilter Protect attaches first, a few hundred bytes), so the program must
-	// leave room for that and a socket's own options: three quarters of the
-	// smallest default leaves 5 KB.
-	if optmem < 0 || optmem > limit*3/4 {
+	// about 7.5 KB to about 12 KB, judging every packet the parser cannot follow and
+	// XDP's skip of what XDP judged to 14 KB, and the rules that let it load with
+	// CAP_BPF alone (global functions, immediate counter increments, SipHash's rounds
+	// as calls) to about 15.5 KB; loaded by a process without CAP_PERFMON it is about
+	// 1.2 KB larger again (the verifier's Spectre v1 masks). The kernel charges a new
+	// filter before it releases the one it replaces (the classic prefilter Protect
+	// attaches first, a few hundred bytes), so the program must leave room for that
+	// and a socket's own options: 85% of the smallest default leaves 3 KB.
+	if optmem < 0 || optmem > limit*85/100 {
 		t.Errorf("filter charged %d bytes of socket option memory; want well under optmem_max %d", optmem, limit)
 	}
 	if mapBytes > 1<<20 {

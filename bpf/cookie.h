@@ -48,6 +48,11 @@ struct {
 #endif
 
 #define ROTL64(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+
+struct sip_state {
+	__u64 v0, v1, v2, v3;
+};
+
 #define SIPROUND                                                        \
 	do {                                                            \
 		v0 += v1; v1 = ROTL64(v1, 13); v1 ^= v0; v0 = ROTL64(v0, 32); \
@@ -56,36 +61,42 @@ struct {
 		v2 += v1; v1 = ROTL64(v1, 17); v1 ^= v2; v2 = ROTL64(v2, 32); \
 	} while (0)
 
-// siphash24 is SipHash-2-4 keyed by k over a message of nblocks (at most 4) 8-byte
-// little-endian words m and the final word last (the tail bytes and the length in
-// the top byte). A subprogram with one copy of the round in one loop (two rounds per
-// word, then four): every attached socket pays for the program's size, and only
-// queries that carry a server cookie call it.
-static __noinline __u64 siphash24(const struct sip_key *k, const __u64 *m, __u32 nblocks, __u64 last)
+// sip_word takes one message word w: two rounds between the xors; the finalisation
+// is sip_word(s, 0) twice (v2 flipped first). A subprogram, so that siphash24 is
+// one copy of the rounds and no loop: for a process without CAP_PERFMON the
+// verifier also walks the path a mispredicted loop exit would take, and on a loop
+// whose turns differ (which word a turn takes) it does not come back from it.
+static __noinline void sip_word(struct sip_state *s, __u64 w)
 {
-	__u64 v0 = k->k0 ^ 0x736f6d6570736575ULL;
-	__u64 v1 = k->k1 ^ 0x646f72616e646f6dULL;
-	__u64 v2 = k->k0 ^ 0x6c7967656e657261ULL;
-	__u64 v3 = k->k1 ^ 0x7465646279746573ULL;
-	__u64 word = last;
-	// Rounds 2i and 2i+1 take word i (m, then last); then four more rounds.
-#pragma clang loop unroll(disable)
-	for (__u64 r = 0; r < 2 * 5 + 4; r++) {
-		__u64 i = r >> 1;
-		if (i > nblocks + 2)
-			break;
-		if (!(r & 1) && i <= nblocks) {
-			word = i < nblocks ? m[i & 3] : last;
-			v3 ^= word;
-		}
-		SIPROUND;
-		if ((r & 1) && i <= nblocks) {
-			v0 ^= word;
-			if (i == nblocks)
-				v2 ^= 0xff;
-		}
+	__u64 v0 = s->v0, v1 = s->v1, v2 = s->v2, v3 = s->v3 ^ w;
+	SIPROUND;
+	SIPROUND;
+	s->v0 = v0 ^ w; s->v1 = v1; s->v2 = v2; s->v3 = v3;
+}
+
+// siphash24 is SipHash-2-4 keyed by k over a message of 2 or 4 (v4 or not) 8-byte
+// little-endian words m and the final word last (the tail bytes and the length in
+// the top byte). A subprogram: every attached socket pays for the program's size,
+// and only queries that carry a server cookie call it.
+static __noinline __u64 siphash24(const struct sip_key *k, const __u64 *m, int v4, __u64 last)
+{
+	struct sip_state s = {
+		.v0 = k->k0 ^ 0x736f6d6570736575ULL,
+		.v1 = k->k1 ^ 0x646f72616e646f6dULL,
+		.v2 = k->k0 ^ 0x6c7967656e657261ULL,
+		.v3 = k->k1 ^ 0x7465646279746573ULL,
+	};
+	sip_word(&s, m[0]);
+	sip_word(&s, m[1]);
+	if (!v4) {
+		sip_word(&s, m[2]);
+		sip_word(&s, m[3]);
 	}
-	return v0 ^ v1 ^ v2 ^ v3;
+	sip_word(&s, last);
+	s.v2 ^= 0xff;
+	sip_word(&s, 0);
+	sip_word(&s, 0);
+	return s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
 }
 
 enum cookie_verdict {
@@ -99,17 +110,15 @@ enum cookie_verdict {
 // looks, else the offset of the option's data from the end of the DNS header in the
 // low 16 bits and the option's length (capped at 255) above them.
 //
-// The question and the OPT record's fixed part are read from one load of the first
-// COOKIE_SCAN bytes after the header, each option's header from the packet where it
-// is: so a cookie is found anywhere in an OPT record of any length (a padded query's
-// OPT ends well past byte 512). Reading the options from the scan too, where they
-// lie within it, would save a load per option but doubles the paths the verifier
-// walks with every option, beyond its limit.
+// The question must end, and the OPT record start, within the first COOKIE_SCAN bytes
+// after the header, all of which the packet must hold; each label length, the OPT
+// record's fixed part and each option's header are read from the packet where they
+// are: so a cookie is found anywhere in an OPT record of any length (a padded query's
+// OPT ends well past byte 512). Nothing is indexed by a value the verifier cannot
+// know (see question_end).
 static __always_inline __u32 find_cookie(struct rrl_ctx *ctx, __u32 dns_off, __u32 dns_len)
 {
-	__u32 zero = 0;
-	struct cookie_scratch *sc = bpf_map_lookup_elem(&rrl_cookie_scratch, &zero);
-	if (!sc || dns_len < MIN_COOKIE_QUERY)
+	if (dns_len < MIN_COOKIE_QUERY)
 		return 0;
 	// Indexes are 64-bit: the verifier keeps the bounds of a 64-bit register
 	// through the checks, not those of a 32-bit one zero-extended into a copy.
@@ -120,23 +129,25 @@ static __always_inline __u32 find_cookie(struct rrl_ctx *ctx, __u32 dns_off, __u
 	barrier_var(n);
 	if (n < MIN_COOKIE_QUERY - DNS_HEADER_LEN || n > COOKIE_SCAN)
 		return 0;
-	if (load_net(ctx, dns_off + DNS_HEADER_LEN, sc->b, n))
+	__u8 b[OPT_FIXED_LEN];
+	if (load_net(ctx, dns_off + DNS_HEADER_LEN + n - 1, b, 1))
 		return 0;
-	const __u8 *b = sc->b;
-	__u64 i = question_end(b, n);
+	__u64 i = (__u32)question_end(ctx, dns_off + DNS_HEADER_LEN, n);
 	if (!i)
 		return 0;
 	if (i + OPT_FIXED_LEN > n)
 		return 0;
-	i &= COOKIE_SCAN_MASK;
-	if (b[i] != 0 || b[i + 1] != 0 || b[i + 2] != OPT_TYPE)
+	if (load_net(ctx, dns_off + DNS_HEADER_LEN + i, b, OPT_FIXED_LEN))
+		return 0;
+	if (b[0] != 0 || b[1] != 0 || b[2] != OPT_TYPE)
 		return 0;
 	__u64 o = i + OPT_FIXED_LEN;
-	__u64 end = o + ((__u64)b[i + 9] << 8 | b[i + 10]);
+	__u64 end = o + ((__u64)b[9] << 8 | b[10]);
 	if (end > len)
 		return 0;
 #pragma clang loop unroll(disable)
 	for (int k = 0; k < MAX_OPTIONS; k++) {
+		bounded_loop(k);
 		if (o + 4 > end)
 			return 0;
 		__u8 h[4];
@@ -190,21 +201,20 @@ __noinline int check_cookie(struct rrl_ctx *ctx, __u64 where, __u64 now, __u64 h
 	if (age > COOKIE_MAX_AGE || age < -COOKIE_MAX_FUTURE)
 		return COOKIE_INVALID;
 	__u64 m[4] = {le64(ck[0]), w};
-	__u32 nblocks = 2;
 	__u64 last;
-	if (where & 1) {
+	int v4 = where & 1;
+	if (v4) {
 		// An IPv4 client is hashed as 4 bytes, from a dual-stack socket too.
 		last = (__u64)__builtin_bswap32((__u32)lo) | (20ULL << 56);
 	} else {
 		m[2] = __builtin_bswap64(hi);
 		m[3] = __builtin_bswap64(lo);
-		nblocks = 4;
 		last = 32ULL << 56;
 	}
 	__u64 want = le64(ck[2]);
-	if (siphash24(&sec->current, m, nblocks, last) == want)
+	if (siphash24(&sec->current, m, v4, last) == want)
 		return COOKIE_PROVEN;
-	if (sec->has_previous && siphash24(&sec->previous, m, nblocks, last) == want)
+	if (sec->has_previous && siphash24(&sec->previous, m, v4, last) == want)
 		return COOKIE_PROVEN;
 	return COOKIE_INVALID;
 }

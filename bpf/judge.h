@@ -24,6 +24,18 @@ static __always_inline int is_exempt(struct settings *s, struct packet *p)
 	return bpf_map_lookup_elem(&rrl_exempt6, &k) != NULL;
 }
 
+// reflection_port reports whether the settings slot slot lists port among the
+// source ports to drop. A global function that looks the slot up itself: its index
+// into the bitmap is a value the verifier cannot know (see node_count).
+__noinline int reflection_port(__u32 slot, __u32 port)
+{
+	__u32 key = 1 + (slot & 1);
+	struct settings *s = bpf_map_lookup_elem(&rrl_settings, &key);
+	if (!s)
+		return 0;
+	return (s->reflection_ports[(port >> 6) & 1023] >> (port & 63)) & 1;
+}
+
 // own_address_step reports whether st, a family's first step, keys on the whole
 // source address (/32 or /128), the only group a proven query is judged in.
 static __always_inline int own_address_step(const struct step *st, __u32 v4)
@@ -72,8 +84,7 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 	}
 	// The bitmap is read only for ports in a block that lists one: queries from
 	// ephemeral ports, in blocks the default list leaves empty, touch no line of it.
-	if (((s->reflection_blocks >> (p->sport >> 10)) & 1) &&
-	    (s->reflection_ports[(p->sport >> 6) & 1023] & (1ULL << (p->sport & 63)))) {
+	if (((s->reflection_blocks >> (p->sport >> 10)) & 1) && reflection_port(s->slot, p->sport)) {
 		count(c, COUNTER_DROP_REFLECTION);
 		goto drop;
 	}
@@ -86,8 +97,8 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 	// every node lets it through for the one draw, which is probability
 	// min(limit/rate) over the nodes. The first node that refuses is the decider.
 	struct judgement j = {.test_rnd = test_rnd, .now = now};
-	__u32 fam = p->v4 & 1;
-	__u32 steps = s->steps[fam];
+	__u32 steps;
+	const struct step *st = family_steps(s, p->v4, &steps);
 	int refused = 0;
 	__u64 decider = 0;        // the refusing step's limited counter
 	// A query with a valid server cookie comes from the address it claims: it is
@@ -95,7 +106,7 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 	int proven = 0;
 	if (may_hold_cookie(p)) {
 		int v = check_cookie(ctx, (__u64)p->dns_off << 32 | p->dns_len << 1 | p->v4, now, p->hi, p->lo);
-		if (v == COOKIE_PROVEN && (!steps || own_address_step(&s->step[fam][0], p->v4))) {
+		if (v == COOKIE_PROVEN && (!steps || own_address_step(st, p->v4))) {
 			steps = steps ? 1 : 0;
 			proven = 1;
 		} else if (v == COOKIE_INVALID) {
@@ -112,7 +123,8 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 	for (__u32 i = 0; i < MAX_STEPS; i++) {
 		if (i >= steps)
 			break;
-		struct step *st = &s->step[fam][i];
+		if (i)
+			ptr_add(st, sizeof(*st));
 		__u32 node = st->node;
 		if (node >= NUM_NODES) {
 			count(c, COUNTER_ERROR);
@@ -138,7 +150,8 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 	}
 
 	if (refused) {
-		count_limited(c, decider);
+		if (c)
+			count_limited(decider);
 		verdict = VERDICT_LIMITED;
 		*rnd = j.rnd;
 		// The draw refused the packet, so its high bits lean towards 1; its

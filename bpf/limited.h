@@ -72,19 +72,21 @@ static __noinline void record_limited(struct rrl_ctx *ctx, const struct settings
 	struct packet p = {};
 	if (parse(ctx, &p) != PARSE_OK)
 		return;
-	__u32 fam = p.v4 & 1;
-	__u32 steps = s->steps[fam];
-	const struct step *st = NULL;
+	__u32 steps;
+	const struct step *st = family_steps(s, p.v4, &steps);
+	int found = 0;
 #pragma clang loop unroll(disable)
 	for (__u32 i = 0; i < MAX_STEPS; i++) {
 		if (i >= steps)
 			break;
-		if (s->step[fam][i].limited == limited) {
-			st = &s->step[fam][i];
+		if (i)
+			ptr_add(st, sizeof(*st));
+		if (st->limited == limited) {
+			found = 1;
 			break;
 		}
 	}
-	if (!st || st->node >= NUM_NODES)
+	if (!found || st->node >= NUM_NODES)
 		return;
 	struct limited_key k = {
 		.hi = p.hi & st->mask_hi,

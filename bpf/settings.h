@@ -86,6 +86,20 @@ struct {
 	__type(value, __u8);
 } rrl_exempt6 SEC(".maps");
 
+// family_steps returns the first of the steps of a family (IPv4 if v4, else IPv6)
+// and sets *n to their number, without an addition the verifier would mask (ptr_add).
+static __always_inline const struct step *family_steps(const struct settings *s, __u32 v4, __u32 *n)
+{
+	const struct step *st = s->step[0];
+	__u32 steps = s->steps[0];
+	if (v4) {
+		ptr_add(st, sizeof(s->step[0]));
+		steps = s->steps[1];
+	}
+	*n = steps;
+	return st;
+}
+
 // active_settings returns the settings slot in force (see struct settings), NULL
 // when a lookup fails.
 static __always_inline struct settings *active_settings(void)

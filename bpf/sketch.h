@@ -113,8 +113,15 @@ static __always_inline __u64 sketch_hash(__u64 seed, __u64 hi, __u64 lo)
 // node_count counts the packet in node's sketch, where its key hashes to h, and sets
 // *min to the smaller of its cells after the arrival (the estimate). It returns -1
 // when a cell cannot be looked up (an internal error), else 0.
-static __always_inline int node_count(__u32 node, __u64 h, __u64 now, fp_t *min)
+//
+// A global function, so that the verifier checks it once, on its own and after the
+// program that calls it: the decay table is indexed by a value it cannot know, and
+// for a process without CAP_PERFMON such an index makes it compare every later state
+// exactly, which the lattice loop's states would not survive (TestAttachLeastPrivilege).
+__noinline int node_count(__u32 node, __u64 h, __u64 now, fp_t *min)
 {
+	if (!min)
+		return -1;
 	*min = FP_MAX;
 	for (__u32 row = 0; row < SKETCH_DEPTH; row++) {
 		__u32 idx = (node * SKETCH_DEPTH + row) * SKETCH_WIDTH +

@@ -70,7 +70,7 @@ static __noinline int slip_reply(struct xdp_md *ctx, __u32 dns_off)
 		return -1;
 	if (bpf_xdp_load_bytes(ctx, ETH_HLEN + dns_off + DNS_HEADER_LEN, sc->b, n))
 		return -1;
-	__u64 q = question_end(sc->b, n); // name, type, class
+	__u64 q = (__u32)question_end(ctx, dns_off + DNS_HEADER_LEN, n); // name, type, class
 	if (!q || q > n)
 		return -1;
 	sc->b[q & COOKIE_SCAN_MASK] = 0; // the pad byte of an odd length
