@@ -577,6 +577,16 @@ func (c *Config) IsActive() bool {
 		c.allPerSecond > 0 || c.totalRequests > 0 || c.capacity != 0
 }
 
+// withoutSecrets returns c without its cookie secrets (c itself when it has none).
+func (c *Config) withoutSecrets() *Config {
+	if c.secrets == nil {
+		return c
+	}
+	d := c.clone()
+	d.secrets = nil
+	return d
+}
+
 // clone returns a deep copy.
 func (c *Config) clone() *Config {
 	d := *c

@@ -249,16 +249,6 @@ func keysOf(cs *configSecrets) *cookieKeys {
 	return k
 }
 
-// withoutSecrets returns c without its cookie secrets (c itself when it has none).
-func (c *Config) withoutSecrets() *Config {
-	if c.secrets == nil {
-		return c
-	}
-	d := c.clone()
-	d.secrets = nil
-	return d
-}
-
 // updateSecrets returns the keys Update writes for cs, a Config's secrets: both of
 // them when it names two; else its one, with the secret in force before it accepted
 // too, unless that is the same one (so giving the current secret alone again stops
