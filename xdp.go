@@ -345,6 +345,7 @@ func loadXDPObjects(pinDir string, ports []uint16, anyAddr bool) (*xdpAttachment
 // package builds for has, newest first.
 var xdpRequiredHelpers = []asm.BuiltinFunc{
 	asm.FnXdpLoadBytes,     // Linux 5.18
+	asm.FnXdpGetBuffLen,    // Linux 5.18
 	asm.FnKtimeGetCoarseNs, // Linux 5.11
 	asm.FnJiffies64,        // Linux 5.5
 }
