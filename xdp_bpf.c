@@ -8,6 +8,14 @@
 // configuration's slip-ratio) is answered with a truncated response by XDP_TX.
 //
 // Any internal failure passes the packet, as in the socket filter.
+//
+// It loads with CAP_BPF (AttachXDP adds CAP_NET_ADMIN), without CAP_PERFMON: it keeps
+// to the rules filter_bpf.c lists, and to those only packet access meets. For such a
+// process the verifier refuses to compare a packet pointer with NULL (net_header,
+// bpf/ctx.h, says whether the bytes are in place instead of returning NULL) or to
+// subtract one packet pointer from another (slip_reply asks bpf_xdp_get_buff_len);
+// and one index of unknown value in the program, such as the port bitmap's, makes it
+// compare every later state exactly (xdp_port is a global function for that).
 
 #define RRL_HOOK_XDP
 #include "bpf/judge.h"
