@@ -233,7 +233,7 @@ func BenchmarkXDPFlood(b *testing.B) {
 	for mi, m := range modes {
 		b.ReportMetric(med(results[mi])/1e6, "Mpps/CPU-"+m.name)
 		b.ReportMetric(med(perPacket[mi]), "ns/pkt-"+m.name)
-		b.Logf("%-7s discarded per CPU-second: %s; the XDP program's own ns a run: %.0f", m.name, fmtRates(results[mi]), progNs[mi])
+		b.Logf("%-7s discarded per CPU-second: %s; ns a packet: %.0f; the XDP program's own ns a run: %.0f", m.name, fmtRates(results[mi]), perPacket[mi], progNs[mi])
 	}
 	if len(modes) >= 3 && modes[2].name == "socket" {
 		floor, xdp, sock := med(results[0]), med(results[1]), med(results[2])
