@@ -39,8 +39,8 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 //     exactly from then on, which the lattice loop's states would not survive;
 //   - loops test their counter with < (bounded_loop), and the cookie code walks the
 //     packet with helper loads rather than indexing a buffer.
-// The XDP program (xdp_bpf.c) is loaded by AttachXDP, which needs CAP_BPF,
-// CAP_NET_ADMIN and CAP_PERFMON (it compares packet pointers), and runs the same code.
+// The XDP program (xdp_bpf.c) is loaded by AttachXDP, which needs CAP_BPF and
+// CAP_NET_ADMIN: it runs the same code and keeps to the same rules.
 
 // filter judges one packet with the settings s, counting in c (either may be NULL,
 // a failed lookup); now (ns) and test_rnd (a uniform 32-bit draw, or NULL for

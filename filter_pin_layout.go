@@ -14,8 +14,8 @@ package rrl
 //	rrl_counters        per-CPU counters                      0440
 //	rrl_cells           the sketches                          0440
 //	rrl_limited         the groups limited lately             0440
-//	rrl_xdp_dests       what XDP judges (xdp.go)              0440
-//	rrl_xdp_state       the number of XDP destinations        0440
+//	rrl_xdp_dests       what XDP judges (xdp.go)              0640
+//	rrl_xdp_state       the number of XDP destinations        0640
 //	rrl_xdplink_IFACE   an XDP attachment (AttachXDP)         0600
 //	rrl_cookie_secrets  server cookie secrets (UseCookies)    0220
 //	rrl_capacity        the capacity controller's status      0660
@@ -85,8 +85,10 @@ var pinModes = map[string]os.FileMode{
 	pinCounters: 0o440,
 	pinCells:    0o440,
 	pinLimited:  0o440,
-	pinXDPDests: 0o440,
-	pinXDPState: 0o440,
+	// Their owner (root) writes them when it attaches XDP: with CAP_BPF and
+	// CAP_NET_ADMIN, without CAP_DAC_OVERRIDE (AttachXDP).
+	pinXDPDests: 0o640,
+	pinXDPState: 0o640,
 
 	pinCookieSecrets: 0o220,
 	pinCapacity:      0o660,

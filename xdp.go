@@ -58,7 +58,8 @@ const xdpDestAny = 1
 // DetachXDP or Unpin removes it. It returns whether the program runs in generic mode:
 // asked for native mode on a driver that has none, it falls back to generic mode.
 //
-// It needs CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON. Errors say what to do:
+// It needs CAP_NET_ADMIN and CAP_BPF, and to be the owner of the pins (root), who
+// may write the destinations XDP judges (rrl_xdp_dests). Errors say what to do:
 // fs.ErrNotExist for an interface that does not exist, fs.ErrExist when an XDP
 // program is already attached to dev (rrl's or another's: it never replaces one),
 // ErrNotSupported for a kernel without XDP links (Linux 5.9) or the helpers the
@@ -134,6 +135,11 @@ func DetachXDP(pinDir, dev string) error {
 	if err != nil {
 		return err
 	}
+	if pinDir != "" {
+		if done, err := detachXDPPinned(pinDir, ifc); done || err != nil {
+			return err
+		}
+	}
 	l, info, err := findXDPLink(ifc.Index)
 	if err != nil {
 		return err
@@ -181,6 +187,51 @@ func DetachXDP(pinDir, dev string) error {
 		}
 	}
 	return nil
+}
+
+// detachXDPPinned detaches rrl's XDP program from ifc through the link pinned in
+// pinDir, when that link is the one attaching the program on ifc, and reports
+// whether it did. It needs no more than attaching does, CAP_BPF and CAP_NET_ADMIN
+// as the pins' owner: finding a link or a program by its ID, as DetachXDP does
+// without the pin, needs CAP_SYS_ADMIN. A link in rrl's pin directory under rrl's
+// name is rrl's.
+func detachXDPPinned(pinDir string, ifc *net.Interface) (bool, error) {
+	path := filepath.Join(pinDir, pinXDPLinkPrefix+ifc.Name)
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		return false, nil // no such pin, or not ours to open: the general way
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil || info.Type != link.XDPType {
+		return false, nil
+	}
+	prog, err := xdpAttachedProgram(ifc.Index)
+	if err != nil {
+		return false, err
+	}
+	if x := info.XDP(); x == nil || int(x.Ifindex) != ifc.Index || uint32(info.Program) != prog {
+		return false, nil // a stale pin: the general way finds what is attached
+	}
+	dests := &xdpAttachment{}
+	defer dests.close()
+	if dests.dests, err = ebpf.LoadPinnedMap(filepath.Join(pinDir, pinXDPDests), nil); err == nil {
+		dests.state, err = ebpf.LoadPinnedMap(filepath.Join(pinDir, pinXDPState), nil)
+	}
+	if err != nil {
+		return false, nil
+	}
+	// As in DetachXDP: the destinations first, so that no packet goes unjudged.
+	if err := dests.removeDests(ifc.Index); err != nil {
+		return true, err
+	}
+	if err := l.Detach(); err != nil {
+		return true, fmt.Errorf("rrl: detach XDP from %s: %w", ifc.Name, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return true, fmt.Errorf("rrl: detach XDP: %w", err)
+	}
+	return true, nil
 }
 
 // xdpInterface finds dev in the calling thread's network namespace.
@@ -245,7 +296,7 @@ func findXDPLink(ifindex int) (link.Link, *link.Info, error) {
 	return nil, &link.Info{Program: ebpf.ProgramID(prog)}, nil
 }
 
-const xdpPermissionHint = "XDP needs CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON (run as root, or grant them with setcap cap_net_admin,cap_bpf,cap_perfmon+ep)"
+const xdpPermissionHint = "XDP needs CAP_NET_ADMIN and CAP_BPF, as the owner of the pins (run as root, or grant them with setcap cap_net_admin,cap_bpf+ep)"
 
 // attachXDPLink attaches prog to ifc, natively unless generic, falling back to
 // generic mode when the driver has no native XDP.
@@ -313,7 +364,7 @@ func loadXDPObjects(pinDir string, ports []uint16, anyAddr bool) (*xdpAttachment
 		if _, err := os.Lstat(path); err != nil {
 			continue // the program's own (scratch space, test input)
 		}
-		m, err := ebpf.LoadPinnedMap(path, nil)
+		m, err := ebpf.LoadPinnedMap(path, xdpPinAccess(name))
 		if err != nil {
 			return nil, openError(path, err)
 		}
@@ -341,10 +392,26 @@ func loadXDPObjects(pinDir string, ports []uint16, anyAddr bool) (*xdpAttachment
 	return o, nil
 }
 
+// xdpPinAccess is how loadXDPObjects opens the pin name: read-write only the
+// destinations it writes (their owner may, pinModes), write-only the cookie secrets
+// (mode 0220), every other map read-only. The program writes through any
+// descriptor of a map; the pins' modes limit only what this process may do with
+// them, so that attaching needs no CAP_DAC_OVERRIDE, only to be the pins' owner.
+func xdpPinAccess(name string) *ebpf.LoadPinOptions {
+	switch name {
+	case pinXDPDests, pinXDPState:
+		return nil
+	case pinCookieSecrets:
+		return &ebpf.LoadPinOptions{WriteOnly: true}
+	}
+	return &ebpf.LoadPinOptions{ReadOnly: true}
+}
+
 // xdpRequiredHelpers are the helpers of the XDP program that not every kernel this
 // package builds for has, newest first.
 var xdpRequiredHelpers = []asm.BuiltinFunc{
 	asm.FnXdpLoadBytes,     // Linux 5.18
+	asm.FnXdpGetBuffLen,    // Linux 5.18
 	asm.FnKtimeGetCoarseNs, // Linux 5.11
 	asm.FnJiffies64,        // Linux 5.5
 }

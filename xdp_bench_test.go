@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -82,8 +83,11 @@ func BenchmarkXDPFlood(b *testing.B) {
 		e.veth.Receiver.Do(func() error {
 			var err error
 			prog := e.flood.DropProgram()
-			if which == "pass" {
+			switch which {
+			case "pass":
 				prog = e.flood.PassProgram()
+			case "work":
+				prog = e.flood.WorkDropProgram()
 			}
 			l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: e.veth.ReceiverIndex, Flags: link.XDPDriverMode})
 			if err != nil {
@@ -114,6 +118,37 @@ func BenchmarkXDPFlood(b *testing.B) {
 		}, pinnedDropped},
 		// The pass program gives the veth the NAPI the other modes have.
 		{"socket", func() func() { return attachXDPProgram("pass") }, pinnedDropped},
+	}
+	// With RRL_BENCH_WORK=N, the floor spending N rounds of arithmetic in registers
+	// on each packet (loadgen.Flood.WorkDropProgram): set N so that its own time
+	// (RRL_BENCH_PROG_STATS=1) matches XDP mode's, and the two differ only in what
+	// XDP mode's memory traffic costs the rest of the receiving path.
+	if v := os.Getenv("RRL_BENCH_WORK"); v != "" {
+		var rounds uint32
+		if _, err := fmt.Sscan(v, &rounds); err != nil {
+			b.Fatalf("RRL_BENCH_WORK=%s: %v", v, err)
+		}
+		if err := e.flood.SetWork(rounds); err != nil {
+			b.Fatal(err)
+		}
+		modes = append(modes, mode{"work", func() func() { return attachXDPProgram("work") }, modes[0].count})
+	}
+	// With RRL_BENCH_CAPBPF=1, XDP mode loaded as a process with CAP_BPF and
+	// CAP_NET_ADMIN alone loads it: with the verifier's Spectre mitigations.
+	if os.Getenv("RRL_BENCH_CAPBPF") == "1" {
+		modes = append(modes, mode{"xdp-capbpf", func() func() {
+			e.veth.Receiver.Do(func() error {
+				withoutPerfmon(b, func() {
+					if _, err := AttachXDP(e.pin, e.veth.ReceiverDev, nil); err != nil {
+						b.Fatal(err)
+					}
+				})
+				return nil
+			})
+			return func() {
+				e.veth.Receiver.Do(func() error { return DetachXDP(e.pin, e.veth.ReceiverDev) })
+			}
+		}, pinnedDropped})
 	}
 	// The programs' own run time, beside the NAPI thread's, with
 	// RRL_BENCH_PROG_STATS=1: the kernel then reads the clock twice around every
@@ -198,9 +233,9 @@ func BenchmarkXDPFlood(b *testing.B) {
 	for mi, m := range modes {
 		b.ReportMetric(med(results[mi])/1e6, "Mpps/CPU-"+m.name)
 		b.ReportMetric(med(perPacket[mi]), "ns/pkt-"+m.name)
-		b.Logf("%-7s discarded per CPU-second: %s; the XDP program's own ns a run: %.0f", m.name, fmtRates(results[mi]), progNs[mi])
+		b.Logf("%-7s discarded per CPU-second: %s; ns a packet: %.0f; the XDP program's own ns a run: %.0f", m.name, fmtRates(results[mi]), perPacket[mi], progNs[mi])
 	}
-	if len(modes) == 3 {
+	if len(modes) >= 3 && modes[2].name == "socket" {
 		floor, xdp, sock := med(results[0]), med(results[1]), med(results[2])
 		b.Logf("XDP mode: %.1fx the socket filter, %.2fx the floor", xdp/sock, xdp/floor)
 	}
@@ -255,8 +290,22 @@ func BenchmarkXDPTestRun(b *testing.B) {
 			return per, err
 		})
 	})
-	b.Run("xdp", func(b *testing.B) {
-		x := loadBenchXDP(b, benchRPS)
+	for _, capbpf := range []bool{false, true} {
+		name := "xdp"
+		if capbpf {
+			// Loaded as by a process with CAP_BPF and CAP_NET_ADMIN alone: the
+			// verifier's Spectre mitigations included.
+			name = "xdp-capbpf"
+		}
+		b.Run(name, func(b *testing.B) { benchXDPTestRun(b, pkt, capbpf) })
+	}
+}
+
+// benchXDPTestRun is BenchmarkXDPTestRun's XDP program, loaded without CAP_PERFMON
+// if capbpf.
+func benchXDPTestRun(b *testing.B, pkt []byte, capbpf bool) {
+	{
+		x := loadBenchXDP(b, benchRPS, capbpf)
 		runs := benchTestRun(b, func() (time.Duration, error) {
 			_, per, err := x.program.Benchmark(pkt, 100000, nil)
 			return per, err
@@ -269,7 +318,7 @@ func BenchmarkXDPTestRun(b *testing.B) {
 		if st.Seen < uint64(runs) || st.Seen != st.Passed+sumLimited(st) || st.Errors != 0 {
 			b.Fatalf("%d runs, but the counters say %+v", runs, st)
 		}
-	})
+	}
 }
 
 // benchTestRun reports run's time per packet (100,000 a call) and returns the
@@ -303,7 +352,7 @@ func (x *benchXDP) stats() (FilterStats, error) {
 // loadBenchXDP loads the production XDP program with the maps of a bench filter
 // (loadBenchFilter) and lists UDP port 53 of the loopback interface, where test runs'
 // frames arrive, as its destination.
-func loadBenchXDP(b *testing.B, rps string) *benchXDP {
+func loadBenchXDP(b *testing.B, rps string, capbpf bool) *benchXDP {
 	objs := loadBenchFilter(b, rps)
 	// No slips: a test run repeats on one buffer, which a slip turns into a
 	// response that the following runs would pass unjudged.
@@ -322,7 +371,13 @@ func loadBenchXDP(b *testing.B, rps string) *benchXDP {
 		"rrl_exempt4": objs.Exempt4, "rrl_exempt6": objs.Exempt6, "rrl_cookie_secrets": objs.CookieSecrets,
 		"rrl_limited": objs.Limited, "rrl_xdp_dests": objs.XDPDests, "rrl_xdp_state": objs.XDPState,
 	}
-	prog, err := loadXDPProgram(spec, repl)
+	var prog *ebpf.Program
+	load := func() { prog, err = loadXDPProgram(spec, repl) }
+	if capbpf {
+		withoutPerfmon(b, load)
+	} else {
+		load()
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -336,4 +391,32 @@ func loadBenchXDP(b *testing.B, rps string) *benchXDP {
 		b.Fatal(err)
 	}
 	return &benchXDP{program: prog, objs: objs}
+}
+
+// withoutPerfmon runs fn on a thread whose effective capabilities lack CAP_PERFMON
+// and CAP_SYS_ADMIN, and restores them after: credentials are per thread, so the
+// verifier treats what fn loads as a process with CAP_BPF (and CAP_NET_ADMIN), but
+// not CAP_PERFMON, would have it (Spectre v1 masking and v4 barriers included).
+func withoutPerfmon(tb testing.TB, fn func()) {
+	tb.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data, saved [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		tb.Fatal(err)
+	}
+	saved = data
+	for _, c := range []int{unix.CAP_PERFMON, unix.CAP_SYS_ADMIN} {
+		data[c/32].Effective &^= 1 << (c % 32)
+	}
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		tb.Fatal(err)
+	}
+	defer func() {
+		if err := unix.Capset(&hdr, &saved[0]); err != nil {
+			panic(fmt.Sprintf("restore the thread's capabilities: %v", err))
+		}
+	}()
+	fn()
 }

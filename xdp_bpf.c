@@ -8,6 +8,14 @@
 // configuration's slip-ratio) is answered with a truncated response by XDP_TX.
 //
 // Any internal failure passes the packet, as in the socket filter.
+//
+// It loads with CAP_BPF (AttachXDP adds CAP_NET_ADMIN), without CAP_PERFMON: it keeps
+// to the rules filter_bpf.c lists, and to those only packet access meets. For such a
+// process the verifier refuses to compare a packet pointer with NULL (net_header,
+// bpf/ctx.h, says whether the bytes are in place instead of returning NULL) or to
+// subtract one packet pointer from another (slip_reply asks bpf_xdp_get_buff_len);
+// and one index of unknown value in the program, such as the port bitmap's, makes it
+// compare every later state exactly (xdp_port is a global function for that).
 
 #define RRL_HOOK_XDP
 #include "bpf/judge.h"
@@ -24,10 +32,20 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 const volatile __u64 xdp_ports[65536 / 64];
 const volatile __u32 xdp_any_addr;
 
+// xdp_port reports whether this program judges UDP to port. A global function, which
+// the verifier checks on its own: the bitmap is indexed by a value it cannot know,
+// and for a process without CAP_PERFMON one such index in the program makes it
+// compare every later state exactly (see node_count), which the program's paths do
+// not survive.
+__noinline int xdp_port(__u32 port)
+{
+	return (xdp_ports[(port >> 6) & 1023] >> (port & 63)) & 1;
+}
+
 // judged reports whether this program judges the packet p.
 static __always_inline int judged(struct xdp_md *ctx, const struct packet *p)
 {
-	if (!((xdp_ports[(p->dport >> 6) & 1023] >> (p->dport & 63)) & 1))
+	if (!xdp_port(p->dport))
 		return 0;
 	if (xdp_any_addr)
 		return 1;

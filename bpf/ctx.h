@@ -25,14 +25,20 @@ static __always_inline int load_net(struct xdp_md *ctx, __u32 off, void *to, __u
 	return bpf_xdp_load_bytes(ctx, ETH_HLEN + off, to, len);
 }
 
-// net_header returns the len bytes from the network header in place, or NULL when
-// the frame is shorter: XDP reads the common headers without a helper call.
-static __always_inline void *net_header(struct xdp_md *ctx, __u32 len)
+// net_header points *h at the len bytes from the network header: in place when the
+// frame holds them (XDP reads the common headers without a helper call), else at buf
+// after copying them there; it returns nonzero when the frame is shorter. It never
+// returns a pointer that may be NULL: a process without CAP_PERFMON may not compare
+// a packet pointer with NULL (the verifier: "pointer comparison prohibited").
+static __always_inline int net_header(struct xdp_md *ctx, void *buf, __u32 len, void **h)
 {
 	void *data = (void *)(long)ctx->data + ETH_HLEN, *end = (void *)(long)ctx->data_end;
-	if (data + len > end)
-		return NULL;
-	return data;
+	if (data + len <= end) {
+		*h = data;
+		return 0;
+	}
+	*h = buf;
+	return load_net(ctx, 0, buf, len);
 }
 
 static __always_inline __be16 net_protocol(struct xdp_md *ctx)
@@ -53,11 +59,12 @@ static __always_inline int load_net(struct __sk_buff *skb, __u32 off, void *to, 
 	return bpf_skb_load_bytes_relative(skb, off, to, len, BPF_HDR_START_NET);
 }
 
-// net_header is NULL for a socket filter, whose packet data may start at the UDP
-// header: every read goes through load_net.
-static __always_inline void *net_header(struct __sk_buff *skb, __u32 len)
+// net_header always copies for a socket filter, whose packet data may start at the
+// UDP header: every read goes through load_net.
+static __always_inline int net_header(struct __sk_buff *skb, void *buf, __u32 len, void **h)
 {
-	return NULL;
+	*h = buf;
+	return load_net(skb, 0, buf, len);
 }
 
 static __always_inline __be16 net_protocol(struct __sk_buff *skb)

@@ -136,7 +136,9 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 			prev_hi = hi;
 			h1 = mix64(s->seed ^ hi);
 		}
-		fp_t min;
+		// Written before the call: for a process without CAP_PERFMON the verifier
+		// lets a global function read only initialised stack.
+		fp_t min = 0;
 		if (node_count(node, mix64(h1 ^ lo), now, &min)) {
 			count(c, COUNTER_ERROR);
 			goto pass;

@@ -93,12 +93,9 @@ static __always_inline void set_ipv6_source(struct packet *p, const struct ipv6h
 static __always_inline int parse_fast(struct rrl_ctx *ctx, struct packet *p)
 {
 	if (net_protocol(ctx) == bpf_htons(ETH_P_IP)) {
-		struct fast_v4 buf, *h = net_header(ctx, sizeof(buf));
-		if (!h) {
-			if (load_net(ctx, 0, &buf, sizeof(buf)))
-				return -1;
-			h = &buf;
-		}
+		struct fast_v4 buf, *h;
+		if (net_header(ctx, &buf, sizeof(buf), (void **)&h))
+			return -1;
 		if (h->ip.ihl != 5)
 			return -1;
 		if (h->ip.protocol != IPPROTO_UDP || (h->ip.frag_off & bpf_htons(0x1fff)))
@@ -112,12 +109,9 @@ static __always_inline int parse_fast(struct rrl_ctx *ctx, struct packet *p)
 		return PARSE_OK;
 	}
 	if (net_protocol(ctx) == bpf_htons(ETH_P_IPV6)) {
-		struct fast_v6 buf, *h = net_header(ctx, sizeof(buf));
-		if (!h) {
-			if (load_net(ctx, 0, &buf, sizeof(buf)))
-				return -1;
-			h = &buf;
-		}
+		struct fast_v6 buf, *h;
+		if (net_header(ctx, &buf, sizeof(buf), (void **)&h))
+			return -1;
 		if (h->ip.nexthdr != IPPROTO_UDP)
 			return -1;
 		set_ipv6_source(p, &h->ip);

@@ -4,19 +4,9 @@
 
 #include "dns.h"
 
-// slip_sum adds n bytes of b (n even or b[n] zero) to a ones' complement sum as
-// big-endian 16-bit words.
-static __always_inline __u32 slip_sum(const __u8 *b, __u64 n, __u32 sum)
-{
-#pragma clang loop unroll(disable)
-	for (__u64 i = 0; i < (QUESTION_MAX + 1) / 2; i++) {
-		if (2 * i >= n)
-			break;
-		__u64 k = (2 * i) & COOKIE_SCAN_MASK;
-		sum += (__u32)b[k] << 8 | b[k + 1];
-	}
-	return sum;
-}
+// SLIP_SUM_MAX is the longest question rounded up to whole 32-bit words, which
+// bpf_csum_diff sums.
+#define SLIP_SUM_MAX ((QUESTION_MAX + 3) & ~3)
 
 static __always_inline __u16 fold(__u32 sum)
 {
@@ -68,12 +58,13 @@ static __noinline int slip_reply(struct xdp_md *ctx, __u32 dns_off)
 	barrier_var(n);
 	if (n < 5 || n > QUESTION_MAX)
 		return -1;
-	if (bpf_xdp_load_bytes(ctx, ETH_HLEN + dns_off + DNS_HEADER_LEN, sc->b, n))
+	// The frame holds the n bytes the UDP length claims (up to the longest question).
+	__u8 last;
+	if (bpf_xdp_load_bytes(ctx, ETH_HLEN + dns_off + DNS_HEADER_LEN + n - 1, &last, 1))
 		return -1;
 	__u64 q = (__u32)question_end(ctx, dns_off + DNS_HEADER_LEN, n); // name, type, class
 	if (!q || q > n)
 		return -1;
-	sc->b[q & COOKIE_SCAN_MASK] = 0; // the pad byte of an odd length
 
 	// The response in place, then the tail cut.
 	unsigned char mac[ETH_ALEN];
@@ -123,12 +114,32 @@ static __noinline int slip_reply(struct xdp_md *ctx, __u32 dns_off)
 #pragma clang loop unroll(full)
 		for (int i = 0; i < 6; i++)
 			sum += bpf_ntohs(d[i]);
-		sum = slip_sum(sc->b, q, sum);
+		// The question, zero-padded to whole words in the scratch space, summed by
+		// the kernel: a process without CAP_PERFMON may not index the scratch space
+		// by a value that differs between paths, as a loop over it would.
+		__u64 *z = (void *)sc->b; // a map value is 8-aligned
+#pragma clang loop unroll(full)
+		for (int i = 0; i < SLIP_SUM_MAX / 8 + 1; i++)
+			z[i] = 0;
+		barrier_var(q);
+		if (q > QUESTION_MAX)
+			return -1;
+		if (bpf_xdp_load_bytes(ctx, ETH_HLEN + dns_off + DNS_HEADER_LEN, sc->b, q))
+			return -1;
+		__s64 qsum = bpf_csum_diff(NULL, 0, (void *)sc->b, (q + 3) & ~3ULL, 0);
+		if (qsum < 0)
+			return -1;
+		// The kernel sums the words as they lie in memory: swapped on a
+		// little-endian machine, which a ones' complement sum survives.
+		sum += bpf_ntohs(fold(qsum));
 		__u16 c = ~fold(sum) & 0xffff;
 		udp->check = bpf_htons(c ? c : 0xffff);
 		total = ETH_HLEN + sizeof(*ip6) + ulen;
 	}
-	int delta = total - (int)(end - data);
+	// The frame's length from the helper: a process without CAP_PERFMON may not
+	// subtract one packet pointer from another (the program takes no fragments, so
+	// this is end - data).
+	int delta = total - (int)bpf_xdp_get_buff_len(ctx);
 	if (delta > 0)
 		return -1;
 	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))

@@ -32,8 +32,8 @@ rrl never replaces an XDP program someone else attached.
 detach: remove rrl's XDP program from IFACE (and its pin from DIR; without
 -pin, from the directory under /sys/fs/bpf that holds it).
 
-Needs root (CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON). docs/xdp.md says when XDP
-mode helps.`,
+Needs CAP_NET_ADMIN and CAP_BPF, as the owner of the pins (root). docs/xdp.md says
+when XDP mode helps.`,
 	run: runXDP,
 }
 

@@ -41,6 +41,14 @@ func (f *Flood) Close() error { return f.objs.Close() }
 // passing everything else: the floor of what discarding a packet costs.
 func (f *Flood) DropProgram() *ebpf.Program { return f.objs.XdpDrop53 }
 
+// WorkDropProgram is DropProgram spending the rounds SetWork sets on arithmetic in
+// registers for each packet it drops (counted in Dropped): a program as slow as
+// another without its memory traffic.
+func (f *Flood) WorkDropProgram() *ebpf.Program { return f.objs.XdpDrop53Work }
+
+// SetWork sets WorkDropProgram's rounds per packet (at most 4096).
+func (f *Flood) SetWork(rounds uint32) error { return f.objs.WorkRounds.Put(uint32(0), rounds) }
+
 // PassProgram is an XDP program that passes every packet.
 func (f *Flood) PassProgram() *ebpf.Program { return f.objs.XdpPass }
 

@@ -24,12 +24,14 @@ type xdpgenGenConfig struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xdpgenMapDropCount   = "drop_count"
-	xdpgenMapGenSent     = "gen_sent"
-	xdpgenMapGenSettings = "gen_settings"
-	xdpgenProgXdpDrop53  = "xdp_drop53"
-	xdpgenProgXdpFlood   = "xdp_flood"
-	xdpgenProgXdpPass    = "xdp_pass"
+	xdpgenMapDropCount      = "drop_count"
+	xdpgenMapGenSent        = "gen_sent"
+	xdpgenMapGenSettings    = "gen_settings"
+	xdpgenMapWorkRounds     = "work_rounds"
+	xdpgenProgXdpDrop53     = "xdp_drop53"
+	xdpgenProgXdpDrop53Work = "xdp_drop53_work"
+	xdpgenProgXdpFlood      = "xdp_flood"
+	xdpgenProgXdpPass       = "xdp_pass"
 )
 
 // loadXdpgen returns the embedded CollectionSpec for xdpgen.
@@ -74,9 +76,10 @@ type xdpgenSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpgenProgramSpecs struct {
-	XdpDrop53 *ebpf.ProgramSpec `ebpf:"xdp_drop53"`
-	XdpFlood  *ebpf.ProgramSpec `ebpf:"xdp_flood"`
-	XdpPass   *ebpf.ProgramSpec `ebpf:"xdp_pass"`
+	XdpDrop53     *ebpf.ProgramSpec `ebpf:"xdp_drop53"`
+	XdpDrop53Work *ebpf.ProgramSpec `ebpf:"xdp_drop53_work"`
+	XdpFlood      *ebpf.ProgramSpec `ebpf:"xdp_flood"`
+	XdpPass       *ebpf.ProgramSpec `ebpf:"xdp_pass"`
 }
 
 // xdpgenMapSpecs contains maps before they are loaded into the kernel.
@@ -86,6 +89,7 @@ type xdpgenMapSpecs struct {
 	DropCount   *ebpf.MapSpec `ebpf:"drop_count"`
 	GenSent     *ebpf.MapSpec `ebpf:"gen_sent"`
 	GenSettings *ebpf.MapSpec `ebpf:"gen_settings"`
+	WorkRounds  *ebpf.MapSpec `ebpf:"work_rounds"`
 }
 
 // xdpgenVariableSpecs contains global variables before they are loaded into the kernel.
@@ -117,6 +121,7 @@ type xdpgenMaps struct {
 	DropCount   *ebpf.Map `ebpf:"drop_count"`
 	GenSent     *ebpf.Map `ebpf:"gen_sent"`
 	GenSettings *ebpf.Map `ebpf:"gen_settings"`
+	WorkRounds  *ebpf.Map `ebpf:"work_rounds"`
 }
 
 func (m *xdpgenMaps) Close() error {
@@ -124,6 +129,7 @@ func (m *xdpgenMaps) Close() error {
 		m.DropCount,
 		m.GenSent,
 		m.GenSettings,
+		m.WorkRounds,
 	)
 }
 
@@ -137,14 +143,16 @@ type xdpgenVariables struct {
 //
 // It can be passed to loadXdpgenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpgenPrograms struct {
-	XdpDrop53 *ebpf.Program `ebpf:"xdp_drop53"`
-	XdpFlood  *ebpf.Program `ebpf:"xdp_flood"`
-	XdpPass   *ebpf.Program `ebpf:"xdp_pass"`
+	XdpDrop53     *ebpf.Program `ebpf:"xdp_drop53"`
+	XdpDrop53Work *ebpf.Program `ebpf:"xdp_drop53_work"`
+	XdpFlood      *ebpf.Program `ebpf:"xdp_flood"`
+	XdpPass       *ebpf.Program `ebpf:"xdp_pass"`
 }
 
 func (p *xdpgenPrograms) Close() error {
 	return _XdpgenClose(
 		p.XdpDrop53,
+		p.XdpDrop53Work,
 		p.XdpFlood,
 		p.XdpPass,
 	)
