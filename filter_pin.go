@@ -132,6 +132,9 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 		pinXDPState:      objs.XDPState,
 		pinCookieSecrets: objs.CookieSecrets,
 		pinCapacity:      capMap,
+		pinNames:         objs.Names,
+		pinApexes:        objs.Apexes,
+		pinNamesProg:     objs.NamesProg,
 	}
 	var pinned []string
 	defer func() {
@@ -439,6 +442,8 @@ func OpenPinned(pinDir string) (*Filter, error) {
 		{pinCounters, &objs.Counters, spec.Maps[pinCounters], true},
 		{pinCells, &objs.Cells, spec.Maps[pinCells], true},
 		{pinLimited, &objs.Limited, spec.Maps[pinLimited], true},
+		{pinNames, &objs.Names, spec.Maps[pinNames], false},
+		{pinApexes, &objs.Apexes, spec.Maps[pinApexes], false},
 	}
 	for _, m := range maps {
 		path := filepath.Join(pinDir, m.name)
