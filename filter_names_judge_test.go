@@ -65,6 +65,7 @@ func (m *namesJudgeModel) judge(msg []byte, now uint64, rnd uint32) namesVerdict
 type namesJudgeRig struct {
 	*namesRig
 	model *namesJudgeModel
+	xdp   *xdpTestObjects // when not nil, packets go through XDP's test program
 }
 
 func newNamesJudgeRig(t testing.TB, limit float64, reportOnly bool) *namesJudgeRig {
@@ -106,9 +107,20 @@ func (r *namesJudgeRig) judge(t testing.TB, msg []byte, v6 bool, now uint64, rnd
 	} else {
 		frame = ethFrame(unix.ETH_P_IP, ipv4Packet(netip.MustParseAddrPort("198.51.100.7:40000"), netip.MustParseAddrPort("198.51.100.1:53"), nil, msg))
 	}
-	ret, err := r.objs.FilterTest.Run(&ebpf.RunOptions{Data: frame})
+	prog := r.objs.FilterTest
+	if r.xdp != nil {
+		prog = r.xdp.Test
+	}
+	ret, err := prog.Run(&ebpf.RunOptions{Data: frame})
 	if err != nil {
 		t.Fatalf("test run: %v", err)
+	}
+	if r.xdp != nil {
+		// XDP passes or drops: a query the names judge refused is never slipped.
+		if ret != xdpPass && ret != xdpDrop {
+			t.Fatalf("message %x: XDP returned %d", msg, ret)
+		}
+		ret = map[bool]uint32{false: 0, true: 1}[ret == xdpPass]
 	}
 	after, err := sumCounters(r.objs.Counters)
 	if err != nil {
@@ -170,12 +182,20 @@ func (r *namesJudgeRig) zoneCells(t testing.TB) int {
 // TestNamesJudgeKernelMatchesModel: a random-subdomain flood on victim.test. beside
 // its known names, a lighter one on other.test., queries outside any zone and
 // names that do not read, at a level of 300 queries per second per zone: the
-// program judges every query as the model does (verdict, counters, pass or drop,
-// in report-only mode too), and its zone sketch holds the model's cells.
+// socket filter and the XDP program judge every query as the model does (verdict,
+// counters, pass or drop, in report-only mode too; XDP slips none of the names
+// judge's refusals), and the zone sketch holds the model's cells.
 func TestNamesJudgeKernelMatchesModel(t *testing.T) {
-	for _, reportOnly := range []bool{false, true} {
-		t.Run(fmt.Sprintf("report-only=%v", reportOnly), func(t *testing.T) {
+	for _, c := range []struct{ xdp, reportOnly bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
+		reportOnly := c.reportOnly
+		t.Run(fmt.Sprintf("xdp=%v/report-only=%v", c.xdp, reportOnly), func(t *testing.T) {
 			r := newNamesJudgeRig(t, 300, reportOnly)
+			if c.xdp {
+				r.xdp = loadXDPTest(t, r.objs)
+				// Slip every query the source lattice refuses: none are here, and
+				// the names judge's refusals must not be slipped.
+				setNamesSettings(t, r.objs.Settings, func(s *filterSettings) { s.SlipRatio = 1 })
+			}
 			const start = 1 << 40
 			z := newTestZone("www.victim.test.", "mail.victim.test.", "www.other.test.")
 			z.learn(r.l, start, "www.victim.test.", "mail.victim.test.", "www.other.test.", "nx.other.test.")
@@ -254,5 +274,54 @@ func TestNamesJudgeOffUntouched(t *testing.T) {
 	r.model = &namesJudgeModel{l: r.l}
 	if busy := r.zoneCells(t); busy != 0 {
 		t.Fatalf("%d zone sketch cells counted with names off", busy)
+	}
+}
+
+// TestNamesProductionTailCall: the production program hands a packet to the names
+// judge's program when names are on, which counts it; off, or with the program
+// array emptied (its last user space reference closed), it judges without names.
+func TestNamesProductionTailCall(t *testing.T) {
+	requireBPF(t)
+	objs, err := loadKernelObjects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer objs.Close()
+	f := &Filter{objs: objs, mode: ModeEBPF, seed: 42}
+	if err := f.writeSettings(NewConfig()); err != nil {
+		t.Fatal(err)
+	}
+	frame := ethFrame(unix.ETH_P_IP, ipv4Packet(netip.MustParseAddrPort("198.51.100.7:40000"), netip.MustParseAddrPort("198.51.100.1:53"), nil, namesQuery(t, "r.victim.test.")))
+	unknown := func() uint64 {
+		t.Helper()
+		before, err := sumCounters(objs.Counters)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ret, err := objs.Program.Run(&ebpf.RunOptions{Data: frame})
+		if err != nil || ret == 0 {
+			t.Fatalf("run: %d, %v", ret, err)
+		}
+		after, err := sumCounters(objs.Counters)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after[counterSeen]-before[counterSeen] != 1 || after[counterPassed]-before[counterPassed] != 1 {
+			t.Fatalf("the packet was not judged once and passed: %v -> %v", before, after)
+		}
+		return after[counterNamesUnknown] - before[counterNamesUnknown]
+	}
+	if n := unknown(); n != 0 {
+		t.Errorf("names off: %d unknown names counted", n)
+	}
+	setNamesSettings(t, objs.Settings, func(s *filterSettings) { s.NamesOn = 1 })
+	if n := unknown(); n != 1 {
+		t.Errorf("names on: %d unknown names counted, want 1", n)
+	}
+	if err := objs.NamesProg.Delete(uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+	if n := unknown(); n != 0 {
+		t.Errorf("names on without the names program: %d unknown names counted", n)
 	}
 }
