@@ -194,7 +194,7 @@ int rrl_names_test(struct __sk_buff *skb)
 		t->labels = -100;
 		return 0;
 	}
-	int labels = name_read(skb, (__u64)p.dns_off << 32 | p.dns_len, s->name_seed);
+	int labels = name_read(skb, name_where(&p), s->name_seed);
 	t->labels = labels;
 	if (labels < 0)
 		return 1;

@@ -124,7 +124,7 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 	// the draw rotated by 16 bits, close to independent of the lattice's test; a
 	// query it refuses is dropped without being counted in the lattice.
 	if (names && s->names_on) {
-		zone_count = names_count(ctx, (__u64)p->dns_off << 32 | p->dns_len, now, s->slot);
+		zone_count = names_count(ctx, name_where(p), now, s->slot);
 		if (zone_count && zone_count >= s->names_trip) {
 			__u32 d = draw(&j);
 			d = d << 16 | d >> 16;

@@ -69,9 +69,9 @@ struct {
 // of the name (qname.suffix: first the label hashes, then the chain over them in
 // place), and what name_classify says of it.
 struct name_scratch {
-	// name_turn's state between turns (the walk: i the current length byte from
-	// the end of the header, left the label's bytes still to hash, at the next of
-	// them, h the label's hash so far, labels the labels read).
+	// name_turn's state between turns: i the current length byte from the end of
+	// the header, left the label's bytes still to hash, at the next of them, h the
+	// label's hash so far, labels the labels read.
 	__u64 i, left, at, labels, h;
 	__u64 index;              // suffix_at's index
 	__u8 b[NAME_SCAN_MASK + 1 + 8];
@@ -100,8 +100,9 @@ static __always_inline __u64 lower8(__u64 w)
 	return w | upper >> 2;
 }
 
-// name_walk is what name_turn needs beside the scratch, and what it says.
+// name_walk is what name_turn needs beside the scratch's state, and what it says.
 struct name_walk {
+	struct name_scratch *sc;
 	__u64 seed;
 	__u64 len;                // the message's length after its header
 	__s64 err;                // a negated name_err, 0 when the root was read
@@ -110,16 +111,12 @@ struct name_walk {
 // name_turn is one turn of name_read's walk: it reads a length byte, or hashes
 // the next 8 bytes of a label (zero padded: labelHash in names.go). Its state (the
 // scratch's i, left, at, labels and h) is kept in memory, and bpf_loop calls it, so
-// that the verifier checks one turn rather than every sequence of label lengths.
+// that the verifier checks one turn rather than every sequence of label lengths
+// (a turn per label, hashing its words in a loop, took it ten seconds to check).
 static long name_turn(__u64 k, void *arg)
 {
 	struct name_walk *w = arg;
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
-	if (!sc) {
-		w->err = -NAME_SHORT;
-		return 1;
-	}
+	struct name_scratch *sc = w->sc;
 	__u64 left = sc->left;
 	if (left) {
 		__u64 at = sc->at, x, h = sc->h;
@@ -171,6 +168,7 @@ static long name_turn(__u64 k, void *arg)
 
 // name_chain is name_link's state: the last suffix's key and the labels.
 struct name_chain {
+	struct name_scratch *sc;
 	__u64 s;
 	__u64 labels;
 };
@@ -180,18 +178,22 @@ struct name_chain {
 static long name_link(__u64 k, void *arg)
 {
 	struct name_chain *c = arg;
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
-	if (!sc)
-		return 1;
+	struct name_scratch *sc = c->sc;
 	__u64 j = (c->labels - 1 - k) & NAME_MAX_LABELS;
 	c->s = mix64(c->s ^ sc->suffix[j]);
 	sc->suffix[j] = c->s;
 	return 0;
 }
 
+// name_where is name_read's where for the packet p.
+static __always_inline __u64 name_where(const struct packet *p)
+{
+	return (__u64)p->dns_off << 32 | (p->dns_counts >> 48) << 16 | (p->dns_len & 0xffff);
+}
+
 // name_read reads the question of the query whose DNS header is at dns_off (bits
-// 32..63 of where) from the network header, dns_len bytes long (bits 0..31), as
+// 32..63 of where) from the network header, dns_len bytes long (bits 0..15), with
+// QDCOUNT in bits 16..31 (from the header the parser read), as
 // readQName does with the name keyed by seed: it returns the name's labels and
 // leaves the key of its every suffix in the scratch's suffix, or a negated
 // name_err. The message is the UDP payload as its length gives it: a packet that
@@ -205,13 +207,10 @@ __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
 	if (!sc)
 		return -NAME_SHORT;
-	__u32 dns_off = where >> 32, dns_len = where;
+	__u32 dns_off = where >> 32, dns_len = where & 0xffff;
 	if (dns_len < DNS_HEADER_LEN)
 		return -NAME_SHORT;
-	__u8 qd[2];
-	if (load_net(ctx, dns_off + 4, qd, sizeof(qd)))
-		return -NAME_SHORT;
-	if (qd[0] != 0 || qd[1] != 1)
+	if ((where >> 16 & 0xffff) != 1)
 		return -NAME_QUESTIONS;
 	__u64 len = dns_len - DNS_HEADER_LEN; // the message after its header
 	__u64 n = len < NAME_SCAN ? len : NAME_SCAN;
@@ -223,7 +222,7 @@ __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 	sc->i = 0;
 	sc->left = 0;
 	sc->labels = 0;
-	struct name_walk w = {.seed = seed, .len = len, .err = -NAME_TOO_LONG};
+	struct name_walk w = {.sc = sc, .seed = seed, .len = len, .err = -NAME_TOO_LONG};
 	// One turn per length byte and one per 8 bytes of a label: at most 255.
 	bpf_loop(NAME_MAX_WIRE, name_turn, &w, 0);
 	if (w.err)
@@ -234,7 +233,7 @@ __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 	if (labels > NAME_MAX_LABELS)
 		return -NAME_TOO_LONG;
 	// The chain, from the root down: suffix(i) = mix64(suffix(i+1) ^ label(i)).
-	struct name_chain c = {.s = mix64(seed), .labels = labels};
+	struct name_chain c = {.sc = sc, .s = mix64(seed), .labels = labels};
 	sc->suffix[labels & NAME_MAX_LABELS] = c.s;
 	bpf_loop(labels, name_link, &c, 0);
 	return labels;
