@@ -47,7 +47,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 // bpf_get_prandom_u32) are arguments so that tests can replay the Go model's inputs.
 // It returns the number of bytes to keep: 0 drops the packet.
 static __always_inline int filter(struct __sk_buff *skb, struct settings *s, struct counters *c,
-				  __u64 now, const __u32 *test_rnd)
+				  __u64 now, const __u32 *test_rnd, const int names)
 {
 	struct packet p = {};
 	int parsed = parse(skb, &p);
@@ -69,7 +69,7 @@ static __always_inline int filter(struct __sk_buff *skb, struct settings *s, str
 		goto pass;
 	}
 	__u32 rnd;
-	if (judge(skb, s, c, &p, now, test_rnd, &rnd) != VERDICT_PASS)
+	if (judge(skb, s, c, &p, now, test_rnd, &rnd, names) != VERDICT_PASS)
 		return 0;
 	return skb->len;
 pass:
@@ -77,13 +77,41 @@ pass:
 	return skb->len;
 }
 
+// The names judge (bpf/names.h) is a program of its own, rrl_filter_names, which
+// rrl_filter hands the packet to when the settings have names on: the kernel charges
+// every socket a filter is attached to for the filter's size (socket option memory),
+// not for the programs it calls into, which are loaded once. rrl_filter_names judges
+// the whole packet, the names judge included; if the call fails (the array emptied:
+// the last user space reference to it closed) rrl_filter judges it without names.
+int rrl_filter_names(struct __sk_buff *skb);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, int(struct __sk_buff *));
+} rrl_names_prog SEC(".maps") = {
+	.values = {[0] = (void *)&rrl_filter_names},
+};
+
 SEC("socket")
 int rrl_filter(struct __sk_buff *skb)
 {
 	__u32 zero = 0;
 	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
 	struct settings *s = active_settings();
-	return filter(skb, s, c, clock_now(s, c), NULL);
+	if (s && s->names_on)
+		bpf_tail_call(skb, &rrl_names_prog, 0);
+	return filter(skb, s, c, clock_now(s, c), NULL, 0);
+}
+
+SEC("socket")
+int rrl_filter_names(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
+	struct settings *s = active_settings();
+	return filter(skb, s, c, clock_now(s, c), NULL, 1);
 }
 
 // ---- Test-only entry points: never loaded by Attach. ----
@@ -97,7 +125,7 @@ int rrl_filter_test(struct __sk_buff *skb)
 		return skb->len;
 	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
 	struct settings *s = active_settings();
-	return filter(skb, s, c, in->now, &in->rnd);
+	return filter(skb, s, c, in->now, &in->rnd, 1);
 }
 
 // fp_ops_test evaluates the fixed-point and estimator primitives on inputs from
@@ -129,5 +157,55 @@ int rrl_fp_test(struct __sk_buff *skb)
 	t->decay = decay_factor(t->a);
 	t->rate = arrival_rate(t->a);
 	t->hash = sketch_hash(t->a, t->b, t->a ^ t->b);
+	return 1;
+}
+
+// names_test reads and classifies the query name of a packet as the names judge
+// does (bpf/names.h), at the clock of rrl_test_input, into rrl_test_names, so the
+// tests can compare the keys and the classification with names.go's.
+struct test_names {
+	__s32 labels;             // name_read's result: labels, or a negated name_err
+	__s32 known;              // name_classify's result (-1: not run or failed)
+	__u32 depth;
+	__u32 pad;
+	__u64 zone, unit;
+	__u64 suffix[NAME_MAX_LABELS + 1];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct test_names);
+} rrl_test_names SEC(".maps");
+
+SEC("socket")
+int rrl_names_test(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct test_input *in = bpf_map_lookup_elem(&rrl_test_input, &zero);
+	struct test_names *t = bpf_map_lookup_elem(&rrl_test_names, &zero);
+	struct settings *s = active_settings();
+	if (!in || !t || !s)
+		return 0;
+	t->known = -1;
+	struct packet p = {};
+	if (parse(skb, &p) != PARSE_OK) {
+		t->labels = -100;
+		return 0;
+	}
+	int labels = name_read(skb, name_where(&p), s->name_seed);
+	t->labels = labels;
+	if (labels < 0)
+		return 1;
+	t->known = name_classify(labels, in->now);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	if (!sc)
+		return 0;
+	t->zone = sc->zone;
+	t->unit = sc->unit;
+	t->depth = sc->depth;
+	for (int i = 0; i <= NAME_MAX_LABELS; i++)
+		t->suffix[i] = sc->suffix[i];
 	return 1;
 }

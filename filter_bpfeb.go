@@ -47,7 +47,7 @@ type filterCounters struct {
 	_           structs.HostLayout
 	ClockSync   uint64
 	ClockOffset uint64
-	Value       [176]uint64
+	Value       [180]uint64
 }
 
 type filterExempt4Key struct {
@@ -83,6 +83,27 @@ type filterLimitedValue struct {
 	Limit uint64
 }
 
+type filterNameBucket struct {
+	_ structs.HostLayout
+	W [4]uint64
+}
+
+type filterNameScratch struct {
+	_      structs.HostLayout
+	I      uint64
+	Left   uint64
+	At     uint64
+	Labels uint64
+	H      uint64
+	Index  uint64
+	B      [264]uint8
+	Suffix [128]uint64
+	Zone   uint64
+	Unit   uint64
+	Depth  uint32
+	Known  uint32
+}
+
 type filterSettings struct {
 	_                structs.HostLayout
 	LayoutVersion    uint32
@@ -91,13 +112,17 @@ type filterSettings struct {
 	HasExempt6       uint8
 	Slot             uint8
 	SlipRatio        uint32
-	Pad              uint32
+	NamesOn          uint8
+	Pad              [3]uint8
 	Generation       uint64
 	FlippedNs        uint64
 	Seed             uint64
 	SeedMix0         uint64
 	TickNs           uint64
 	ReflectionBlocks uint64
+	NameSeed         uint64
+	NamesLimit       uint64
+	NamesTrip        uint64
 	Steps            [2]uint32
 	Step             [2][7]filterStep
 	ReflectionPorts  [1024]uint64
@@ -135,6 +160,17 @@ type filterTestInput struct {
 	Pad uint32
 }
 
+type filterTestNames struct {
+	_      structs.HostLayout
+	Labels int32
+	Known  int32
+	Depth  uint32
+	Pad    uint32
+	Zone   uint64
+	Unit   uint64
+	Suffix [128]uint64
+}
+
 type filterXdpDestKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -147,6 +183,7 @@ type filterXdpDestKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	filterMapRrlApexes        = "rrl_apexes"
 	filterMapRrlCells         = "rrl_cells"
 	filterMapRrlCookieScratch = "rrl_cookie_scratch"
 	filterMapRrlCookieSecrets = "rrl_cookie_secrets"
@@ -154,14 +191,20 @@ const (
 	filterMapRrlExempt4       = "rrl_exempt4"
 	filterMapRrlExempt6       = "rrl_exempt6"
 	filterMapRrlLimited       = "rrl_limited"
+	filterMapRrlNameScratch   = "rrl_name_scratch"
+	filterMapRrlNames         = "rrl_names"
+	filterMapRrlNamesProg     = "rrl_names_prog"
 	filterMapRrlSettings      = "rrl_settings"
 	filterMapRrlTestFp        = "rrl_test_fp"
 	filterMapRrlTestInput     = "rrl_test_input"
+	filterMapRrlTestNames     = "rrl_test_names"
 	filterMapRrlXdpDests      = "rrl_xdp_dests"
 	filterMapRrlXdpState      = "rrl_xdp_state"
 	filterProgRrlFilter       = "rrl_filter"
+	filterProgRrlFilterNames  = "rrl_filter_names"
 	filterProgRrlFilterTest   = "rrl_filter_test"
 	filterProgRrlFpTest       = "rrl_fp_test"
+	filterProgRrlNamesTest    = "rrl_names_test"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -206,15 +249,18 @@ type filterSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterProgramSpecs struct {
-	RrlFilter     *ebpf.ProgramSpec `ebpf:"rrl_filter"`
-	RrlFilterTest *ebpf.ProgramSpec `ebpf:"rrl_filter_test"`
-	RrlFpTest     *ebpf.ProgramSpec `ebpf:"rrl_fp_test"`
+	RrlFilter      *ebpf.ProgramSpec `ebpf:"rrl_filter"`
+	RrlFilterNames *ebpf.ProgramSpec `ebpf:"rrl_filter_names"`
+	RrlFilterTest  *ebpf.ProgramSpec `ebpf:"rrl_filter_test"`
+	RrlFpTest      *ebpf.ProgramSpec `ebpf:"rrl_fp_test"`
+	RrlNamesTest   *ebpf.ProgramSpec `ebpf:"rrl_names_test"`
 }
 
 // filterMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterMapSpecs struct {
+	RrlApexes        *ebpf.MapSpec `ebpf:"rrl_apexes"`
 	RrlCells         *ebpf.MapSpec `ebpf:"rrl_cells"`
 	RrlCookieScratch *ebpf.MapSpec `ebpf:"rrl_cookie_scratch"`
 	RrlCookieSecrets *ebpf.MapSpec `ebpf:"rrl_cookie_secrets"`
@@ -222,9 +268,13 @@ type filterMapSpecs struct {
 	RrlExempt4       *ebpf.MapSpec `ebpf:"rrl_exempt4"`
 	RrlExempt6       *ebpf.MapSpec `ebpf:"rrl_exempt6"`
 	RrlLimited       *ebpf.MapSpec `ebpf:"rrl_limited"`
+	RrlNameScratch   *ebpf.MapSpec `ebpf:"rrl_name_scratch"`
+	RrlNames         *ebpf.MapSpec `ebpf:"rrl_names"`
+	RrlNamesProg     *ebpf.MapSpec `ebpf:"rrl_names_prog"`
 	RrlSettings      *ebpf.MapSpec `ebpf:"rrl_settings"`
 	RrlTestFp        *ebpf.MapSpec `ebpf:"rrl_test_fp"`
 	RrlTestInput     *ebpf.MapSpec `ebpf:"rrl_test_input"`
+	RrlTestNames     *ebpf.MapSpec `ebpf:"rrl_test_names"`
 	RrlXdpDests      *ebpf.MapSpec `ebpf:"rrl_xdp_dests"`
 	RrlXdpState      *ebpf.MapSpec `ebpf:"rrl_xdp_state"`
 }
@@ -255,6 +305,7 @@ func (o *filterObjects) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterMaps struct {
+	RrlApexes        *ebpf.Map `ebpf:"rrl_apexes"`
 	RrlCells         *ebpf.Map `ebpf:"rrl_cells"`
 	RrlCookieScratch *ebpf.Map `ebpf:"rrl_cookie_scratch"`
 	RrlCookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
@@ -262,15 +313,20 @@ type filterMaps struct {
 	RrlExempt4       *ebpf.Map `ebpf:"rrl_exempt4"`
 	RrlExempt6       *ebpf.Map `ebpf:"rrl_exempt6"`
 	RrlLimited       *ebpf.Map `ebpf:"rrl_limited"`
+	RrlNameScratch   *ebpf.Map `ebpf:"rrl_name_scratch"`
+	RrlNames         *ebpf.Map `ebpf:"rrl_names"`
+	RrlNamesProg     *ebpf.Map `ebpf:"rrl_names_prog"`
 	RrlSettings      *ebpf.Map `ebpf:"rrl_settings"`
 	RrlTestFp        *ebpf.Map `ebpf:"rrl_test_fp"`
 	RrlTestInput     *ebpf.Map `ebpf:"rrl_test_input"`
+	RrlTestNames     *ebpf.Map `ebpf:"rrl_test_names"`
 	RrlXdpDests      *ebpf.Map `ebpf:"rrl_xdp_dests"`
 	RrlXdpState      *ebpf.Map `ebpf:"rrl_xdp_state"`
 }
 
 func (m *filterMaps) Close() error {
 	return _FilterClose(
+		m.RrlApexes,
 		m.RrlCells,
 		m.RrlCookieScratch,
 		m.RrlCookieSecrets,
@@ -278,9 +334,13 @@ func (m *filterMaps) Close() error {
 		m.RrlExempt4,
 		m.RrlExempt6,
 		m.RrlLimited,
+		m.RrlNameScratch,
+		m.RrlNames,
+		m.RrlNamesProg,
 		m.RrlSettings,
 		m.RrlTestFp,
 		m.RrlTestInput,
+		m.RrlTestNames,
 		m.RrlXdpDests,
 		m.RrlXdpState,
 	)
@@ -296,16 +356,20 @@ type filterVariables struct {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterPrograms struct {
-	RrlFilter     *ebpf.Program `ebpf:"rrl_filter"`
-	RrlFilterTest *ebpf.Program `ebpf:"rrl_filter_test"`
-	RrlFpTest     *ebpf.Program `ebpf:"rrl_fp_test"`
+	RrlFilter      *ebpf.Program `ebpf:"rrl_filter"`
+	RrlFilterNames *ebpf.Program `ebpf:"rrl_filter_names"`
+	RrlFilterTest  *ebpf.Program `ebpf:"rrl_filter_test"`
+	RrlFpTest      *ebpf.Program `ebpf:"rrl_fp_test"`
+	RrlNamesTest   *ebpf.Program `ebpf:"rrl_names_test"`
 }
 
 func (p *filterPrograms) Close() error {
 	return _FilterClose(
 		p.RrlFilter,
+		p.RrlFilterNames,
 		p.RrlFilterTest,
 		p.RrlFpTest,
+		p.RrlNamesTest,
 	)
 }
 

@@ -17,7 +17,7 @@ import (
 
 // layoutVersion identifies the layout of the filter's maps; LAYOUT_VERSION in
 // bpf/common.h is the same number.
-const layoutVersion = 10
+const layoutVersion = 11
 
 // kernelObjects are the program and maps production loads: test-only programs and
 // maps in filter_bpf.c stay out of the kernel.
@@ -37,11 +37,17 @@ type kernelObjects struct {
 	// What XDP judges, so that the socket filter does not judge it again (xdp.go).
 	XDPDests *ebpf.Map `ebpf:"rrl_xdp_dests"`
 	XDPState *ebpf.Map `ebpf:"rrl_xdp_state"`
+	// The names judge (docs/names.md): the program rrl_filter hands a packet to
+	// when names are on (loaded with it, held by NamesProg), and the two tables the
+	// learner writes in place (filter_names.go).
+	NamesProg *ebpf.Map `ebpf:"rrl_names_prog"`
+	Names     *ebpf.Map `ebpf:"rrl_names"`
+	Apexes    *ebpf.Map `ebpf:"rrl_apexes"`
 }
 
 func (o *kernelObjects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets, o.Limited, o.XDPDests, o.XDPState} {
+	for _, c := range []interface{ Close() error }{o.Program, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.CookieSecrets, o.Limited, o.XDPDests, o.XDPState, o.NamesProg, o.Names, o.Apexes} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
@@ -137,6 +143,10 @@ const (
 	counterCookiePassed = counterLimited0 + numLimited + iota
 	counterCookieInvalid
 	counterSlipped
+	counterNamesKnown
+	counterNamesUnknown
+	counterNamesLimited
+	counterNamesUnknownPassed
 	counterMax
 )
 

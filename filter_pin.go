@@ -132,6 +132,9 @@ func LoadPinned(cfg *Config, pinDir string, uid, gid int) (err error) {
 		pinXDPState:      objs.XDPState,
 		pinCookieSecrets: objs.CookieSecrets,
 		pinCapacity:      capMap,
+		pinNames:         objs.Names,
+		pinApexes:        objs.Apexes,
+		pinNamesProg:     objs.NamesProg,
 	}
 	var pinned []string
 	defer func() {
@@ -485,6 +488,25 @@ func OpenPinned(pinDir string) (*Filter, error) {
 	}
 	if h.LayoutVersion != layoutVersion {
 		return fail(fmt.Errorf("rrl: %s: %w: layout version %d, this library has %d", filepath.Join(pinDir, pinSettings), ErrLayoutMismatch, h.LayoutVersion, layoutVersion))
+	}
+	// The names tables, opened after the layout check, so that pins of a layout
+	// without them are reported as such. Writing them needs write access (the group
+	// has it); without it they are opened read-only, as the settings are.
+	for _, m := range []struct {
+		name string
+		dst  **ebpf.Map
+	}{{pinNames, &objs.Names}, {pinApexes, &objs.Apexes}} {
+		path := filepath.Join(pinDir, m.name)
+		*m.dst, err = ebpf.LoadPinnedMap(path, nil)
+		if err != nil && isPermission(err) {
+			*m.dst, err = ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+		}
+		if err != nil {
+			return fail(openError(path, err))
+		}
+		if err := spec.Maps[m.name].Compatible(*m.dst); err != nil {
+			return fail(fmt.Errorf("rrl: %s: %w: %w", path, ErrLayoutMismatch, err))
+		}
 	}
 	s, cfg, err := ps.readConfig(objs)
 	if err != nil {

@@ -20,6 +20,12 @@ package rrl
 //	rrl_cookie_secrets  server cookie secrets (UseCookies)    0220
 //	rrl_capacity        the capacity controller's status      0660
 //	                    (capacity_pin.go)
+//	rrl_names           names learnt from responses           0660
+//	rrl_apexes          zones learnt from responses           0660
+//	                    (both written in place: filter_names.go)
+//	rrl_names_prog      the names judge's program, which      0440
+//	                    rrl_filter calls (pinned so that the
+//	                    kernel keeps it there)
 //
 // Every pin, and a directory LoadPinned creates (mode 0750), is owned by root and by
 // the group given to LoadPinned: access goes through the group bits alone, so that
@@ -73,6 +79,9 @@ const (
 
 	pinCookieSecrets = "rrl_cookie_secrets"
 	pinCapacity      = "rrl_capacity"
+	pinNames         = "rrl_names"
+	pinApexes        = "rrl_apexes"
+	pinNamesProg     = "rrl_names_prog"
 )
 
 // pinModes are the file modes of the pins (see the top of this file).
@@ -92,10 +101,13 @@ var pinModes = map[string]os.FileMode{
 
 	pinCookieSecrets: 0o220,
 	pinCapacity:      0o660,
+	pinNames:         0o660,
+	pinApexes:        0o660,
+	pinNamesProg:     0o440,
 }
 
 // pinOrder lists the pins in the order LoadPinned creates them.
-var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinLimited, pinXDPDests, pinXDPState, pinConfig, pinCookieSecrets, pinCapacity, pinProgram}
+var pinOrder = []string{pinSettings, pinExempt4, pinExempt6, pinCounters, pinCells, pinLimited, pinXDPDests, pinXDPState, pinConfig, pinCookieSecrets, pinCapacity, pinNames, pinApexes, pinNamesProg, pinProgram}
 
 const (
 	// configValueSize bounds the stored Config text: room for 2,048 exempt prefixes

@@ -283,7 +283,10 @@ func (st *filterStep) prefix() uint8 {
 
 // kernelSettings builds the settings map value for cfg.
 func kernelSettings(cfg *Config, seed uint64) *filterSettings {
-	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed), TickNs: coarseTick()}
+	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed), TickNs: coarseTick(),
+		// The names judge (docs/names.md): keyed, and without a level (nothing
+		// limited) until the capacity controller writes one.
+		NameSeed: nameSeed(seed), NamesLimit: uint64(fixedMax), NamesTrip: uint64(tripCount(fixedMax))}
 	if cfg.reportOnly {
 		s.ReportOnly = 1
 	}

@@ -41,10 +41,14 @@ type testObjects struct {
 	Limited    *ebpf.Map     `ebpf:"rrl_limited"`
 	XDPDests   *ebpf.Map     `ebpf:"rrl_xdp_dests"`
 	XDPState   *ebpf.Map     `ebpf:"rrl_xdp_state"`
+	NamesTest  *ebpf.Program `ebpf:"rrl_names_test"`
+	TestNames  *ebpf.Map     `ebpf:"rrl_test_names"`
+	Names      *ebpf.Map     `ebpf:"rrl_names"`
+	Apexes     *ebpf.Map     `ebpf:"rrl_apexes"`
 }
 
 func (o *testObjects) Close() {
-	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Secrets, o.Limited, o.XDPDests, o.XDPState} {
+	for _, c := range []interface{ Close() error }{o.FilterTest, o.FPTest, o.TestInput, o.TestFP, o.Cells, o.Settings, o.Counters, o.Exempt4, o.Exempt6, o.Secrets, o.Limited, o.XDPDests, o.XDPState, o.NamesTest, o.TestNames, o.Names, o.Apexes} {
 		c.Close()
 	}
 }

@@ -43,6 +43,11 @@ const (
 	dnsHeaderLen = 12
 )
 
+// nameSeed is the seed of the names' keys for a filter or Limiter keyed by seed
+// (docs/names.md, "Keys"): the settings carry it as name_seed, so that the kernel
+// program does not compute it per packet.
+func nameSeed(seed uint64) uint64 { return mix64(seed ^ 0x6e616d6573) }
+
 // nameKey is the hash of a lower-cased name (see suffix above).
 type nameKey uint64
 

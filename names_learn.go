@@ -76,10 +76,6 @@ type nameTable struct {
 	mask  uint64 // buckets - 1
 }
 
-func newNameTable(bucketShift uint) *nameTable {
-	return &nameTable{slots: make([]atomic.Uint64, nameWays<<bucketShift), mask: 1<<bucketShift - 1}
-}
-
 // entryAge returns the generations since e was refreshed, as seen at gen. An entry
 // from a later generation (a clock read a little earlier on another CPU, or time
 // stepping back) has age 0.
@@ -201,7 +197,9 @@ type nameLearner struct {
 	// depths has bit d set when an apex of d labels may be in apexes: classify
 	// looks up only those depths (a server with zones at one depth pays one
 	// lookup). Bits are set on insert and recomputed by the sweep.
-	depths   atomic.Uint64
+	// It is the word after the apexes' table when the tables are the kernel
+	// filter's (filter_names.go), so that the program reads it too.
+	depths   *atomic.Uint64
 	sweptGen atomic.Uint64 // generation+1 of the last sweep
 }
 
@@ -209,7 +207,29 @@ type nameLearner struct {
 // from the start and never forgets them. An apex of more than 63 labels, or one
 // that does not pack, is refused.
 func newNameLearner(seed uint64, apexes []string) (*nameLearner, bool) {
-	l := &nameLearner{seed: seed, names: newNameTable(nameBucketShift), apexes: newNameTable(apexBucketShift)}
+	return newNameLearnerOn(seed, apexes, make([]atomic.Uint64, nameTableWords), make([]atomic.Uint64, apexTableWords+1))
+}
+
+// nameTableWords and apexTableWords are the words of the two tables.
+const (
+	nameTableWords = nameWays << nameBucketShift
+	apexTableWords = nameWays << apexBucketShift
+)
+
+// newNameLearnerOn is newNameLearner with its tables in the memory given:
+// nameTableWords words of names, and apexTableWords of apexes followed by the word
+// of their depths (the kernel filter's maps, filter_names.go, or the heap). The
+// memory is written as it is, not cleared: a pinned filter's tables are shared.
+func newNameLearnerOn(seed uint64, apexes []string, names, apexTable []atomic.Uint64) (*nameLearner, bool) {
+	if len(names) != nameTableWords || len(apexTable) != apexTableWords+1 {
+		return nil, false
+	}
+	l := &nameLearner{
+		seed:   seed,
+		names:  &nameTable{slots: names, mask: 1<<nameBucketShift - 1},
+		apexes: &nameTable{slots: apexTable[:apexTableWords], mask: 1<<apexBucketShift - 1},
+		depths: &apexTable[apexTableWords],
+	}
 	var q qname
 	for _, a := range apexes {
 		if !qnameOf(a, seed, &q) || q.labels == 0 || q.labels > apexDepthMask {

@@ -140,6 +140,13 @@ func crossCheckProven(t *testing.T, cfg *Config, wantDrops, xdp bool) {
 		node := int(idx) / (sketchDepth * sketchWidth)
 		row := int(idx) / sketchWidth % sketchDepth
 		col := idx % sketchWidth
+		if node >= numNodes {
+			// The names judge's zone sketch (bpf/names.h): names are off here.
+			if c != (filterCell{}) {
+				t.Fatalf("zone sketch cell row %d col %d counted with names off: %+v", row, col, c)
+			}
+			continue
+		}
 		count, last := model.cell(node, row, col)
 		if uint64(count) != c.Count || last != c.Last {
 			t.Fatalf("cell node %d row %d col %d: kernel (%d, %d), model (%d, %d)", node, row, col, c.Count, c.Last, count, last)

@@ -80,7 +80,7 @@ static __always_inline int xdp_filter(struct xdp_md *ctx, const struct test_inpu
 		return XDP_PASS;
 	}
 	__u32 rnd = 0;
-	switch (judge(ctx, s, c, &p, now, in ? &in->rnd : NULL, &rnd)) {
+	switch (judge(ctx, s, c, &p, now, in ? &in->rnd : NULL, &rnd, 1)) {
 	case VERDICT_PASS:
 		return XDP_PASS;
 	case VERDICT_LIMITED:

@@ -47,7 +47,7 @@ type xdpCounters struct {
 	_           structs.HostLayout
 	ClockSync   uint64
 	ClockOffset uint64
-	Value       [176]uint64
+	Value       [180]uint64
 }
 
 type xdpExempt4Key struct {
@@ -83,6 +83,27 @@ type xdpLimitedValue struct {
 	Limit uint64
 }
 
+type xdpNameBucket struct {
+	_ structs.HostLayout
+	W [4]uint64
+}
+
+type xdpNameScratch struct {
+	_      structs.HostLayout
+	I      uint64
+	Left   uint64
+	At     uint64
+	Labels uint64
+	H      uint64
+	Index  uint64
+	B      [264]uint8
+	Suffix [128]uint64
+	Zone   uint64
+	Unit   uint64
+	Depth  uint32
+	Known  uint32
+}
+
 type xdpSettings struct {
 	_                structs.HostLayout
 	LayoutVersion    uint32
@@ -91,13 +112,17 @@ type xdpSettings struct {
 	HasExempt6       uint8
 	Slot             uint8
 	SlipRatio        uint32
-	Pad              uint32
+	NamesOn          uint8
+	Pad              [3]uint8
 	Generation       uint64
 	FlippedNs        uint64
 	Seed             uint64
 	SeedMix0         uint64
 	TickNs           uint64
 	ReflectionBlocks uint64
+	NameSeed         uint64
+	NamesLimit       uint64
+	NamesTrip        uint64
 	Steps            [2]uint32
 	Step             [2][7]struct {
 		_        structs.HostLayout
@@ -131,6 +156,7 @@ type xdpXdpDestKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	xdpMapRrlApexes        = "rrl_apexes"
 	xdpMapRrlCells         = "rrl_cells"
 	xdpMapRrlCookieScratch = "rrl_cookie_scratch"
 	xdpMapRrlCookieSecrets = "rrl_cookie_secrets"
@@ -138,6 +164,8 @@ const (
 	xdpMapRrlExempt4       = "rrl_exempt4"
 	xdpMapRrlExempt6       = "rrl_exempt6"
 	xdpMapRrlLimited       = "rrl_limited"
+	xdpMapRrlNameScratch   = "rrl_name_scratch"
+	xdpMapRrlNames         = "rrl_names"
 	xdpMapRrlSettings      = "rrl_settings"
 	xdpMapRrlTestInput     = "rrl_test_input"
 	xdpMapRrlXdpDests      = "rrl_xdp_dests"
@@ -198,6 +226,7 @@ type xdpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
+	RrlApexes        *ebpf.MapSpec `ebpf:"rrl_apexes"`
 	RrlCells         *ebpf.MapSpec `ebpf:"rrl_cells"`
 	RrlCookieScratch *ebpf.MapSpec `ebpf:"rrl_cookie_scratch"`
 	RrlCookieSecrets *ebpf.MapSpec `ebpf:"rrl_cookie_secrets"`
@@ -205,6 +234,8 @@ type xdpMapSpecs struct {
 	RrlExempt4       *ebpf.MapSpec `ebpf:"rrl_exempt4"`
 	RrlExempt6       *ebpf.MapSpec `ebpf:"rrl_exempt6"`
 	RrlLimited       *ebpf.MapSpec `ebpf:"rrl_limited"`
+	RrlNameScratch   *ebpf.MapSpec `ebpf:"rrl_name_scratch"`
+	RrlNames         *ebpf.MapSpec `ebpf:"rrl_names"`
 	RrlSettings      *ebpf.MapSpec `ebpf:"rrl_settings"`
 	RrlTestInput     *ebpf.MapSpec `ebpf:"rrl_test_input"`
 	RrlXdpDests      *ebpf.MapSpec `ebpf:"rrl_xdp_dests"`
@@ -239,6 +270,7 @@ func (o *xdpObjects) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
+	RrlApexes        *ebpf.Map `ebpf:"rrl_apexes"`
 	RrlCells         *ebpf.Map `ebpf:"rrl_cells"`
 	RrlCookieScratch *ebpf.Map `ebpf:"rrl_cookie_scratch"`
 	RrlCookieSecrets *ebpf.Map `ebpf:"rrl_cookie_secrets"`
@@ -246,6 +278,8 @@ type xdpMaps struct {
 	RrlExempt4       *ebpf.Map `ebpf:"rrl_exempt4"`
 	RrlExempt6       *ebpf.Map `ebpf:"rrl_exempt6"`
 	RrlLimited       *ebpf.Map `ebpf:"rrl_limited"`
+	RrlNameScratch   *ebpf.Map `ebpf:"rrl_name_scratch"`
+	RrlNames         *ebpf.Map `ebpf:"rrl_names"`
 	RrlSettings      *ebpf.Map `ebpf:"rrl_settings"`
 	RrlTestInput     *ebpf.Map `ebpf:"rrl_test_input"`
 	RrlXdpDests      *ebpf.Map `ebpf:"rrl_xdp_dests"`
@@ -254,6 +288,7 @@ type xdpMaps struct {
 
 func (m *xdpMaps) Close() error {
 	return _XdpClose(
+		m.RrlApexes,
 		m.RrlCells,
 		m.RrlCookieScratch,
 		m.RrlCookieSecrets,
@@ -261,6 +296,8 @@ func (m *xdpMaps) Close() error {
 		m.RrlExempt4,
 		m.RrlExempt6,
 		m.RrlLimited,
+		m.RrlNameScratch,
+		m.RrlNames,
 		m.RrlSettings,
 		m.RrlTestInput,
 		m.RrlXdpDests,

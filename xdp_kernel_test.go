@@ -46,7 +46,7 @@ func loadXDPTest(t testing.TB, objs *testObjects) *xdpTestObjects {
 		"rrl_cells": objs.Cells, "rrl_settings": objs.Settings, "rrl_counters": objs.Counters,
 		"rrl_exempt4": objs.Exempt4, "rrl_exempt6": objs.Exempt6, "rrl_cookie_secrets": objs.Secrets,
 		"rrl_limited": objs.Limited, "rrl_xdp_dests": objs.XDPDests, "rrl_xdp_state": objs.XDPState,
-		"rrl_test_input": objs.TestInput,
+		"rrl_test_input": objs.TestInput, "rrl_names": objs.Names, "rrl_apexes": objs.Apexes,
 	}
 	var x xdpTestObjects
 	if err := spec.LoadAndAssign(&x, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {

@@ -14,7 +14,7 @@
 
 // The map layout both programs share with the Go side (layoutVersion in
 // filter_objects.go): any change to a map's key or value moves it.
-#define LAYOUT_VERSION 10
+#define LAYOUT_VERSION 11
 
 // ptr_add moves the pointer p by the constant n bytes with an addition of an
 // immediate, which the verifier takes on every path without Spectre v1 masking.

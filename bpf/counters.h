@@ -21,6 +21,10 @@ enum counter {
 	COUNTER_COOKIE_PASSED = COUNTER_LIMITED0 + NUM_LIMITED, // passed on a valid server cookie
 	COUNTER_COOKIE_INVALID,   // a server cookie that does not verify: judged as without one
 	COUNTER_SLIPPED,          // limited, and answered at XDP with a truncated response
+	COUNTER_NAMES_KNOWN,      // the names judge classified the query's name known
+	COUNTER_NAMES_UNKNOWN,    // it classified it unknown (counted in the zone sketch)
+	COUNTER_NAMES_LIMITED,    // an unknown name it refused (report-only included)
+	COUNTER_NAMES_UNKNOWN_PASSED, // an unknown name whose final verdict is pass
 	COUNTER_MAX,
 };
 

@@ -4,6 +4,7 @@
 #include "counters.h"
 #include "cookie.h"
 #include "limited.h"
+#include "names.h"
 
 static __always_inline int is_exempt(struct settings *s, struct packet *p)
 {
@@ -68,10 +69,16 @@ enum verdict {
 // bpf_get_prandom_u32) are arguments so that tests can replay the Go model's inputs;
 // *rnd is the draw a refusal took, for the hook's own use (a slip). In report-only
 // mode every refusal is counted under its reason and the verdict is VERDICT_PASS.
+//
+// names (a constant) compiles the names judge in: it runs when the settings have
+// names_on. The socket filter keeps it out of the program every socket is charged for
+// and runs it in a program of its own (filter_bpf.c).
 static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct counters *c,
-				 struct packet *p, __u64 now, const __u32 *test_rnd, __u32 *rnd)
+				 struct packet *p, __u64 now, const __u32 *test_rnd, __u32 *rnd,
+				 const int names)
 {
 	int verdict = VERDICT_DROP;
+	fp_t zone_count = 0;      // the zone sketch's estimate for an unknown name, else 0
 
 	// Stateless checks: what can never be a query to this server.
 	if (p->dns_len < MIN_DNS_LEN) {
@@ -111,6 +118,20 @@ static __always_inline int judge(struct rrl_ctx *ctx, struct settings *s, struct
 			proven = 1;
 		} else if (v == COOKIE_INVALID) {
 			count(c, COUNTER_COOKIE_INVALID);
+		}
+	}
+	// The names judge (docs/names.md): an unknown name passes its zone's level with
+	// the draw rotated by 16 bits, close to independent of the lattice's test; a
+	// query it refuses is dropped without being counted in the lattice.
+	if (names && s->names_on) {
+		zone_count = names_count(ctx, name_where(p), now, s->slot);
+		if (zone_count && zone_count >= s->names_trip) {
+			__u32 d = draw(&j);
+			d = d << 16 | d >> 16;
+			if (fp_mul_frac(arrival_rate(zone_count), d) >= s->names_limit) {
+				count(c, COUNTER_NAMES_LIMITED);
+				goto drop;
+			}
 		}
 	}
 	// The hash's first round depends on the key's hi word only, which is 0 for
@@ -173,6 +194,8 @@ drop:
 		return verdict;
 	count(c, COUNTER_REPORT_ONLY);
 pass:
+	if (zone_count)
+		count(c, COUNTER_NAMES_UNKNOWN_PASSED);
 	count(c, COUNTER_PASSED);
 	return VERDICT_PASS;
 }

@@ -34,13 +34,17 @@ struct settings {
 	__u8 has_exempt6;
 	__u8 slot;                // header: the slot in force (0 or 1); a slot: its own number
 	__u32 slip_ratio;         // XDP answers one in slip_ratio request-limited queries (0: none)
-	__u32 pad;
+	__u8 names_on;            // read query names, classify and judge them (bpf/names.h)
+	__u8 pad[3];
 	__u64 generation;         // header: flips so far (Go's readers check it did not move)
 	__u64 flipped_ns;         // header: CLOCK_MONOTONIC of the last flip
 	__u64 seed;
 	__u64 seed_mix0;          // mix64(seed), the hash's first round for hi == 0
 	__u64 tick_ns;            // length of a jiffy (the coarse clock's resolution); 0: unknown
 	__u64 reflection_blocks;  // bit b: reflection_ports lists a port in b*1024 .. b*1024+1023
+	__u64 name_seed;          // nameSeed(seed): keys the query names and the names tables
+	fp_t names_limit;         // the unknown tier's level per zone (FP_MAX: no limit)
+	fp_t names_trip;          // tripCount(names_limit)
 	__u32 steps[2];           // active nodes of IPv6 ([0]) and IPv4 ([1]) sources
 	struct step step[2][MAX_STEPS]; // in judging order: levels finest first, port, total
 	__u64 reflection_ports[65536 / 64]; // bitmap of source ports to drop

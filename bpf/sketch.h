@@ -14,7 +14,11 @@
 #define SKETCH_DEPTH 2
 #define SKETCH_WIDTH_SHIFT 11
 #define SKETCH_WIDTH (1 << SKETCH_WIDTH_SHIFT)
-#define NUM_CELLS (NUM_NODES * SKETCH_DEPTH * SKETCH_WIDTH)
+// The zone sketch of the names judge (docs/names.md) follows the lattice's nodes in
+// rrl_cells, a block of the same shape: it is no node of the lattice (no step names
+// it), but it is counted and read as one.
+#define NODE_ZONES NUM_NODES
+#define NUM_CELLS ((NUM_NODES + 1) * SKETCH_DEPTH * SKETCH_WIDTH)
 
 #define HALF_LIFE_NS 200000000ULL
 #define DECAY_FRAC_BITS 22

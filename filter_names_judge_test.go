@@ -1,0 +1,327 @@
+//go:build linux
+
+package rrl
+
+import (
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// The names judge, kernel ≡ Go: the program's verdicts and counters for a stream of
+// queries equal those of namesJudgeModel, the rule of docs/names.md ("The rule")
+// written out here. namesJudgeModel stands in for the Go Limiter's judge until that
+// is merged; the test should then run the Limiter's instead.
+
+// namesVerdict is what the names judge did with a query.
+type namesVerdict int
+
+const (
+	namesNotJudged namesVerdict = iota // the name did not read
+	namesKnown                         // a known name: counted, not limited
+	namesPassed                        // an unknown name it passed
+	namesRefused                       // an unknown name it refused
+)
+
+func (v namesVerdict) String() string {
+	return [...]string{"not judged", "known", "unknown passed", "unknown refused"}[v]
+}
+
+// namesJudgeModel is the names judge of the rule: a query whose name reads is
+// classified; an unknown one is counted in the zone sketch under
+// sketchHash(seed, 0, zone) and refused when its count reaches the trip count and
+// the draw rotated by 16 bits, times its arrival rate, reaches the level.
+type namesJudgeModel struct {
+	l           *nameLearner
+	seed        uint64 // the settings' seed (the zone sketch's); l is keyed by nameSeed(seed)
+	zones       countMin
+	limit, trip fixed
+}
+
+func (m *namesJudgeModel) judge(msg []byte, now uint64, rnd uint32) namesVerdict {
+	var q qname
+	if _, e := readQName(msg, m.l.seed, &q); e != nameOK {
+		return namesNotJudged
+	}
+	c := m.l.classify(&q, now)
+	if c.known {
+		return namesKnown
+	}
+	n := m.zones.arrive(sketchHash(m.seed, 0, uint64(c.zone)), now)
+	d := bits.RotateLeft32(rnd, 16)
+	if n >= m.trip && fixed(d).Mul(arrivalRate(n)) >= m.limit {
+		return namesRefused
+	}
+	return namesPassed
+}
+
+// namesJudgeRig runs packets through rrl_filter_test with names on at the level
+// limit (queries per second per zone), and nothing limited by the source lattice.
+type namesJudgeRig struct {
+	*namesRig
+	model *namesJudgeModel
+	xdp   *xdpTestObjects // when not nil, packets go through XDP's test program
+}
+
+func newNamesJudgeRig(t testing.TB, limit float64, reportOnly bool) *namesJudgeRig {
+	t.Helper()
+	r := newNamesRig(t)
+	cfg := NewConfig()
+	if err := cfg.SetValue("requests-per-second", "0"); err != nil {
+		t.Fatal(err)
+	}
+	if reportOnly {
+		if err := cfg.SetValue("report-only", "true"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.objs.settingsMaps().apply(cfg, namesTestSeed, nil); err != nil {
+		t.Fatal(err)
+	}
+	lv := fixedFromFloat(limit)
+	setNamesSettings(t, r.objs.Settings, func(s *filterSettings) {
+		s.NamesOn, s.NamesLimit, s.NamesTrip = 1, uint64(lv), uint64(tripCount(lv))
+	})
+	return &namesJudgeRig{namesRig: r, model: &namesJudgeModel{l: r.l, seed: namesTestSeed, limit: lv, trip: tripCount(lv)}}
+}
+
+// judge runs msg at now with the draw rnd and returns what the program did, read
+// from the counters it moved, and whether it passed the packet.
+func (r *namesJudgeRig) judge(t testing.TB, msg []byte, v6 bool, now uint64, rnd uint32) (namesVerdict, bool) {
+	t.Helper()
+	before, err := sumCounters(r.objs.Counters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.objs.TestInput.Put(uint32(0), &filterTestInput{Now: now, Rnd: rnd}); err != nil {
+		t.Fatal(err)
+	}
+	var frame []byte
+	if v6 {
+		frame = ethFrame(unix.ETH_P_IPV6, ipv6Packet(netip.MustParseAddrPort("[2001:db8::7]:40000"), netip.MustParseAddrPort("[2001:db8::1]:53"), false, msg))
+	} else {
+		frame = ethFrame(unix.ETH_P_IP, ipv4Packet(netip.MustParseAddrPort("198.51.100.7:40000"), netip.MustParseAddrPort("198.51.100.1:53"), nil, msg))
+	}
+	prog := r.objs.FilterTest
+	if r.xdp != nil {
+		prog = r.xdp.Test
+	}
+	ret, err := prog.Run(&ebpf.RunOptions{Data: frame})
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	if r.xdp != nil {
+		// XDP passes or drops: a query the names judge refused is never slipped.
+		if ret != xdpPass && ret != xdpDrop {
+			t.Fatalf("message %x: XDP returned %d", msg, ret)
+		}
+		ret = map[bool]uint32{false: 0, true: 1}[ret == xdpPass]
+	}
+	after, err := sumCounters(r.objs.Counters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := func(i int) uint64 { return after[i] - before[i] }
+	if d(counterSeen) != 1 || d(counterError) != 0 {
+		t.Fatalf("message %x: seen %d, errors %d", msg, d(counterSeen), d(counterError))
+	}
+	moved := [...]uint64{d(counterNamesKnown), d(counterNamesUnknown), d(counterNamesLimited), d(counterNamesUnknownPassed)}
+	var v namesVerdict
+	switch moved {
+	case [4]uint64{}:
+		v = namesNotJudged
+	case [4]uint64{1, 0, 0, 0}:
+		v = namesKnown
+	case [4]uint64{0, 1, 0, 1}:
+		v = namesPassed
+	case [4]uint64{0, 1, 1, 0}:
+		v = namesRefused
+	case [4]uint64{0, 1, 1, 1}:
+		// Refused, and passed in report-only mode: counted as both.
+		if d(counterReportOnly) != 1 {
+			t.Fatalf("message %x: names counters %v without report-only", msg, moved)
+		}
+		v = namesRefused
+	default:
+		t.Fatalf("message %x: names counters (known, unknown, limited, unknown passed) %v", msg, moved)
+	}
+	if d(counterPassed) != map[bool]uint64{false: 0, true: 1}[ret != 0] {
+		t.Fatalf("message %x: returned %d, passed counter moved %d", msg, ret, d(counterPassed))
+	}
+	return v, ret != 0
+}
+
+// zoneCells fails t unless the program's zone sketch holds the model's cells.
+func (r *namesJudgeRig) zoneCells(t testing.TB) int {
+	t.Helper()
+	busy := 0
+	for row := range sketchDepth {
+		for col := range sketchWidth {
+			var c filterCell
+			idx := uint32((numNodes*sketchDepth+row)*sketchWidth + col)
+			if err := r.objs.Cells.Lookup(idx, &c); err != nil {
+				t.Fatal(err)
+			}
+			count, last := r.model.zones[row][col].load()
+			if uint64(count) != c.Count || last != c.Last {
+				t.Fatalf("zone sketch row %d col %d: kernel (%d, %d), model (%d, %d)", row, col, c.Count, c.Last, count, last)
+			}
+			if c.Count != 0 {
+				busy++
+			}
+		}
+	}
+	return busy
+}
+
+// TestNamesJudgeKernelMatchesModel: a random-subdomain flood on victim.test. beside
+// its known names, a lighter one on other.test., queries outside any zone and
+// names that do not read, at a level of 300 queries per second per zone: the
+// socket filter and the XDP program judge every query as the model does (verdict,
+// counters, pass or drop, in report-only mode too; XDP slips none of the names
+// judge's refusals), and the zone sketch holds the model's cells.
+func TestNamesJudgeKernelMatchesModel(t *testing.T) {
+	for _, c := range []struct{ xdp, reportOnly bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
+		reportOnly := c.reportOnly
+		t.Run(fmt.Sprintf("xdp=%v/report-only=%v", c.xdp, reportOnly), func(t *testing.T) {
+			r := newNamesJudgeRig(t, 300, reportOnly)
+			if c.xdp {
+				r.xdp = loadXDPTest(t, r.objs)
+				// Slip every query the source lattice refuses: none are here, and
+				// the names judge's refusals must not be slipped.
+				setNamesSettings(t, r.objs.Settings, func(s *filterSettings) { s.SlipRatio = 1 })
+			}
+			const start = 1 << 40
+			z := newTestZone("www.victim.test.", "mail.victim.test.", "www.other.test.")
+			z.learn(r.l, start, "www.victim.test.", "mail.victim.test.", "www.other.test.", "nx.other.test.")
+			rng := rand.New(rand.NewPCG(3, uint64(map[bool]int{false: 1, true: 2}[reportOnly])))
+			count := map[string]map[namesVerdict]int{}
+			now := uint64(start)
+			for i := range 4000 {
+				now += uint64(rng.IntN(200_000)) // 10,000 queries per second
+				var kind, name string
+				switch p := rng.IntN(100); {
+				case p < 55:
+					kind, name = "victim random", randomLabel(rng)+".victim.test."
+				case p < 70:
+					kind, name = "victim known", []string{"www.victim.test.", "MAIL.victim.test."}[rng.IntN(2)]
+				case p < 85:
+					kind, name = "other random", randomLabel(rng)+"."+randomLabel(rng)+".other.test."
+				case p < 92:
+					kind, name = "other known", "www.other.test."
+				case p < 97:
+					kind, name = "no zone", randomLabel(rng)+".example."
+				default:
+					kind = "unreadable"
+				}
+				msg := append(wireQuery(nil)[:12], 1, 'a', 0xc0, 12, 0, 1, 0, 1)
+				if name != "" {
+					msg = namesQuery(t, name)
+				}
+				rnd := rng.Uint32()
+				want := r.model.judge(msg, now, rnd)
+				got, pass := r.judge(t, msg, i%2 == 1, now, rnd)
+				if got != want {
+					t.Fatalf("query %d (%s %s) at %d, draw %#x: kernel %v, model %v", i, kind, name, now, rnd, got, want)
+				}
+				if pass != (want != namesRefused || reportOnly) {
+					t.Fatalf("query %d (%s %s): %v and passed %v", i, kind, name, want, pass)
+				}
+				if count[kind] == nil {
+					count[kind] = map[namesVerdict]int{}
+				}
+				count[kind][want]++
+			}
+			busy := r.zoneCells(t)
+			t.Logf("verdicts by kind: %v; zone sketch cells in use: %d", count, busy)
+			// The stream must have shown every verdict: random names of both zones
+			// limited, known names never.
+			for _, k := range []string{"victim random", "other random"} {
+				if count[k][namesRefused] == 0 || count[k][namesPassed] == 0 {
+					t.Errorf("%s: %v, want some refused and some passed", k, count[k])
+				}
+			}
+			for _, k := range []string{"victim known", "other known"} {
+				if count[k][namesKnown] == 0 || len(count[k]) != 1 {
+					t.Errorf("%s: %v, want known only", k, count[k])
+				}
+			}
+			if count["unreadable"][namesNotJudged] == 0 {
+				t.Errorf("unreadable: %v", count["unreadable"])
+			}
+		})
+	}
+}
+
+// TestNamesJudgeOffUntouched: with names off the program reads no name, counts
+// nothing of them and leaves the zone sketch alone, whatever the tables know.
+func TestNamesJudgeOffUntouched(t *testing.T) {
+	r := newNamesJudgeRig(t, 1, false)
+	setNamesSettings(t, r.objs.Settings, func(s *filterSettings) { s.NamesOn = 0 })
+	z := newTestZone("www.victim.test.")
+	z.learn(r.l, 1<<40, "www.victim.test.")
+	for i := range 200 {
+		name := []string{"www.victim.test.", "r.victim.test."}[i%2]
+		if v, pass := r.judge(t, namesQuery(t, name), false, 1<<40+uint64(i)*1000, uint32(i)); v != namesNotJudged || !pass {
+			t.Fatalf("%s with names off: %v, passed %v", name, v, pass)
+		}
+	}
+	r.model = &namesJudgeModel{l: r.l}
+	if busy := r.zoneCells(t); busy != 0 {
+		t.Fatalf("%d zone sketch cells counted with names off", busy)
+	}
+}
+
+// TestNamesProductionTailCall: the production program hands a packet to the names
+// judge's program when names are on, which counts it; off, or with the program
+// array emptied (its last user space reference closed), it judges without names.
+func TestNamesProductionTailCall(t *testing.T) {
+	requireBPF(t)
+	objs, err := loadKernelObjects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer objs.Close()
+	f := &Filter{objs: objs, mode: ModeEBPF, seed: 42}
+	if err := f.writeSettings(NewConfig()); err != nil {
+		t.Fatal(err)
+	}
+	frame := ethFrame(unix.ETH_P_IP, ipv4Packet(netip.MustParseAddrPort("198.51.100.7:40000"), netip.MustParseAddrPort("198.51.100.1:53"), nil, namesQuery(t, "r.victim.test.")))
+	unknown := func() uint64 {
+		t.Helper()
+		before, err := sumCounters(objs.Counters)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ret, err := objs.Program.Run(&ebpf.RunOptions{Data: frame})
+		if err != nil || ret == 0 {
+			t.Fatalf("run: %d, %v", ret, err)
+		}
+		after, err := sumCounters(objs.Counters)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after[counterSeen]-before[counterSeen] != 1 || after[counterPassed]-before[counterPassed] != 1 {
+			t.Fatalf("the packet was not judged once and passed: %v -> %v", before, after)
+		}
+		return after[counterNamesUnknown] - before[counterNamesUnknown]
+	}
+	if n := unknown(); n != 0 {
+		t.Errorf("names off: %d unknown names counted", n)
+	}
+	setNamesSettings(t, objs.Settings, func(s *filterSettings) { s.NamesOn = 1 })
+	if n := unknown(); n != 1 {
+		t.Errorf("names on: %d unknown names counted, want 1", n)
+	}
+	if err := objs.NamesProg.Delete(uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+	if n := unknown(); n != 0 {
+		t.Errorf("names on without the names program: %d unknown names counted", n)
+	}
+}
