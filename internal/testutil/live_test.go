@@ -15,7 +15,7 @@ import (
 // no longer once it is released.
 func TestLockLiveSharedInProcess(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir()) // a lock file of the test's own
-	t.Setenv(liveLockEnv, "") // restored when the test ends
+	t.Setenv(liveLockEnv, "")       // restored when the test ends
 	os.Unsetenv(liveLockEnv)
 	taken := func() bool {
 		f, err := os.OpenFile(filepath.Join(os.TempDir(), "rrl-live-tests.lock"), os.O_RDWR|os.O_CREATE, 0o666)
