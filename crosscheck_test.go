@@ -33,6 +33,7 @@ func TestKernelMatchesModel(t *testing.T) {
 	for _, hook := range []string{"socket", "xdp"} {
 		for i, c := range configs {
 			t.Run(hook+"/"+c.name, func(t *testing.T) {
+				t.Parallel() // each loads programs and maps of its own; BPF_PROG_TEST_RUN judges by the clock it is given
 				cfg := NewConfig()
 				for _, kv := range c.values {
 					if err := cfg.SetValue(kv[0], kv[1]); err != nil {

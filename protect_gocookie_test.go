@@ -31,7 +31,9 @@ type resolverResult struct {
 // learn, the resolver first learns its server cookie from an answer before the
 // flood, as a BIND resolver does, and sends it with every query (60 of them);
 // otherwise it sends only a client cookie (20 queries, each given up after 80 ms).
-func resolverInFlood(t *testing.T, dst netip.AddrPort, net24 byte, learn bool) resolverResult {
+// refused reads how many requests the server has refused so far: the resolver starts
+// once the flood is being refused.
+func resolverInFlood(t *testing.T, dst netip.AddrPort, net24 byte, learn bool, refused func() uint64) resolverResult {
 	t.Helper()
 	resolver := netip.AddrFrom4([4]byte{127, 33, net24, 201})
 	res := resolverResult{queries: 60}
@@ -60,7 +62,7 @@ func resolverInFlood(t *testing.T, dst netip.AddrPort, net24 byte, learn bool) r
 	}
 
 	stopFlood := socketFlood(t, dst, net24)
-	time.Sleep(500 * time.Millisecond) // the flood's /24 is over its limit by now
+	floodRefused(t, refused)
 	for i := range res.queries {
 		if ask(uint16(1 + i)) {
 			res.answered++
@@ -69,6 +71,25 @@ func resolverInFlood(t *testing.T, dst netip.AddrPort, net24 byte, learn bool) r
 	}
 	res.flood = stopFlood()
 	return res
+}
+
+// floodRefused waits until refused (a server's count of refused requests) rises at
+// half a socketFlood's rate or more over 50 ms: the flood's /24 is over its limit and
+// most of its queries are refused, as they are for the rest of the flood.
+func floodRefused(t *testing.T, refused func() uint64) {
+	t.Helper()
+	const window = 50 * time.Millisecond
+	start, at, n := time.Now(), time.Now(), refused()
+	for time.Since(start) < 5*time.Second {
+		time.Sleep(window)
+		now, m := time.Now(), refused()
+		if float64(m-n) >= 0.5*20*goCookieRPS*now.Sub(at).Seconds() {
+			t.Logf("the flood's /24 refused %v into the flood", now.Sub(start).Round(time.Millisecond))
+			return
+		}
+		at, n = now, m
+	}
+	t.Fatalf("the flood's /24 was not refused at half its rate within %v", time.Since(start).Round(time.Millisecond))
 }
 
 // socketFlood sends 20 times goCookieRPS queries per second to dst from 200
@@ -161,7 +182,8 @@ func checkGoCookies(t *testing.T, p *Protection, addr netip.AddrPort, net24 byte
 		!strings.Contains(st.String(), "server cookies verified in Go before the request limits") {
 		t.Fatalf("status %v: want the request limits and the cookie check in Go", st)
 	}
-	res := resolverInFlood(t, addr, net24, true)
+	refused := func() uint64 { return p.Handler().Stats().RequestsLimited }
+	res := resolverInFlood(t, addr, net24, true, refused)
 	lim := p.Limiter().Stats()
 	t.Logf("with a learned cookie: %d of %d answered; flood %d sent, %d refused; limiter %d passed on a cookie",
 		res.answered, res.queries, res.flood, p.Handler().Stats().RequestsLimited, lim.CookiePassed)
@@ -174,7 +196,7 @@ func checkGoCookies(t *testing.T, p *Protection, addr netip.AddrPort, net24 byte
 	if refused := p.Handler().Stats().RequestsLimited; float64(refused) < 0.5*float64(res.flood) {
 		t.Errorf("the flood's /24 was not trimmed: %d of %d refused", refused, res.flood)
 	}
-	res = resolverInFlood(t, addr, net24+1, false)
+	res = resolverInFlood(t, addr, net24+1, false, refused)
 	t.Logf("without a server cookie: %d of %d answered", res.answered, res.queries)
 	if res.answered > res.queries/2 {
 		t.Errorf("resolver without a server cookie: %d of %d answered, want it limited with the flood", res.answered, res.queries)
@@ -190,6 +212,12 @@ func TestGoLimitsProvenResolver(t *testing.T) {
 	}
 	for i, m := range goCookieModes {
 		t.Run(m.name, func(t *testing.T) {
+			if !m.bpf {
+				// The modes without a filter run side by side (each with a /24 and
+				// a server of its own) once those that inject a load failure, a
+				// change to the whole package, have ended.
+				t.Parallel()
+			}
 			p, addr := m.make(t, rpsConfig(t, fmt.Sprint(goCookieRPS)))
 			checkGoCookies(t, p, addr, byte(10+2*i))
 		})
@@ -203,6 +231,9 @@ func TestGoLimitsProvenResolverUnprivileged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live flood")
 	}
+	// Beside the package's other parallel tests: its floods and servers are a
+	// child process's, on /24s of their own.
+	t.Parallel()
 	if !isUnprivilegedChild() {
 		runUnprivileged(t, "TestGoLimitsProvenResolverUnprivileged")
 		return

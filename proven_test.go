@@ -32,6 +32,7 @@ func TestKernelMatchesModelProven(t *testing.T) {
 	for _, hook := range []string{"socket", "xdp"} {
 		for _, c := range configs {
 			t.Run(hook+"/"+c.name, func(t *testing.T) {
+				t.Parallel() // as in TestKernelMatchesModel
 				cfg := NewConfig()
 				for _, kv := range c.values {
 					if err := cfg.SetValue(kv[0], kv[1]); err != nil {

@@ -61,6 +61,7 @@ func firstCodeBlock(t *testing.T, section, lang string) string {
 // runs with and the proxy is off: every module the program needs is one this
 // repository builds with.
 func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel() // it waits on go commands, beside the package's other parallel tests
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("the go command is needed to build the quick start: %v", err)

@@ -324,6 +324,10 @@ func TestLiveXDPScenarios(t *testing.T) {
 	}
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
+			// Side by side, four at a time (the package's -test.parallel): each
+			// scenario has namespaces, a veth pair, pins and servers of its own,
+			// and judges what the kernel admitted by when it was sent.
+			t.Parallel()
 			e := newXDPEnv(t, [2]string{"requests-per-second", fmt.Sprint(L)}, [2]string{"slip-ratio", "2"})
 			e.attach(t, nil)
 			srv, f := e.srv4, e.f4

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -22,30 +23,58 @@ const liveLockEnv = "RRL_LIVE_LOCK_HELD"
 // the lock for their whole run, that test for its own. It is an advisory lock
 // (flock) on a file in the temporary directory, released when the process exits;
 // children of the holder (which inherit liveLockEnv) do not take it.
+//
+// The lock is the process's: calls from tests of one process that overlap share
+// it, and it is released when the last of them releases. Within a process the test
+// runner already orders tests (a sequential test never overlaps another test), so
+// tests that hold it at once are parallel subtests of one test, which chose to run
+// side by side (TestLiveXDPScenarios' scenarios, each on a veth pair of its own).
 func LockLive() (release func(), err error) {
-	if os.Getenv(liveLockEnv) != "" {
+	held.mu.Lock()
+	defer held.mu.Unlock()
+	if held.n == 0 && os.Getenv(liveLockEnv) != "" {
 		return func() {}, nil
 	}
-	path := filepath.Join(os.TempDir(), "rrl-live-tests.lock")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o666)
-	if err != nil {
-		return nil, fmt.Errorf("live-test lock: %w", err)
-	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
-		if err != syscall.EINTR {
-			break
+	if held.n == 0 {
+		path := filepath.Join(os.TempDir(), "rrl-live-tests.lock")
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o666)
+		if err != nil {
+			return nil, fmt.Errorf("live-test lock: %w", err)
 		}
+		for {
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+			if err != syscall.EINTR {
+				break
+			}
+		}
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("live-test lock %s: %w", path, err)
+		}
+		os.Setenv(liveLockEnv, "1")
+		held.f = f
 	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("live-test lock %s: %w", path, err)
-	}
-	os.Setenv(liveLockEnv, "1")
+	held.n++
+	var once sync.Once
 	return func() {
-		os.Unsetenv(liveLockEnv)
-		f.Close() // closing the only descriptor releases the lock
+		once.Do(func() {
+			held.mu.Lock()
+			defer held.mu.Unlock()
+			if held.n--; held.n == 0 {
+				os.Unsetenv(liveLockEnv)
+				held.f.Close() // closing the only descriptor releases the lock
+				held.f = nil
+			}
+		})
 	}, nil
+}
+
+// held is this process's hold on the live-test lock: its descriptor and how many
+// holders share it.
+var held struct {
+	mu sync.Mutex
+	n  int
+	f  *os.File
 }
 
 // RunLocked runs a package's tests holding the live-test lock (see LockLive), for
