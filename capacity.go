@@ -108,13 +108,20 @@ const (
 	// over the target: higher drains a standing queue sooner and makes R follow
 	// the occupancy's noise more.
 	capacityGain = 0.25
-	// capacityRise is how fast R grows, per second in the logarithm, while the
-	// queues run empty under the limits: faster regains a server that got faster
-	// sooner (the simulated schedules' speed-ups, up to twice as fast, need 3
-	// to be served at 0.9 within 2 s) and overshoots into the queue more before the
-	// occupancy shows it (a capped live server whose speed swings from one moment
-	// to the next overflowed about as often at 4 as at 3, twice as often as at 2).
-	capacityRise = 3
+	// capacityRise is how fast R grows at most, per second in the logarithm, while
+	// the queues run empty under the limits, and capacityRiseAccel (per second
+	// squared) how the rise quickens to it from the last overflow: R comes back
+	// slowly towards the rate at which the queue overflowed (a server whose
+	// process runs the controller too is sampled when its reader has emptied the
+	// queue, so the overflow, not the occupancy, is often the only sign that R is
+	// over what it reads), and fast once the queue has run empty for a second (a
+	// server that got faster, or came back from a pause). Faster overshoots
+	// further past the rate that overflowed before the overflow shows it again
+	// (each time, about R's excess over the sampling delay, lost); slower regains
+	// a faster server later (the simulated schedules' speed-ups, up to twice as
+	// fast, are served at 0.9 within 2 s).
+	capacityRise      = 3
+	capacityRiseAccel = 3
 	// capacityExitBelow and capacityExitHold: the overload ends once arrivals stay
 	// below this share of R for this long. Closer to 1 or shorter lifts the limits
 	// sooner after a flood, and flaps more when a flood hovers around R.
@@ -340,8 +347,13 @@ type capacityInput struct {
 	// fixed counts the queries passed without the limiter's judgement (proven,
 	// exempt, not DNS): load the water level cannot shed.
 	fixed uint64
-	// Served counts the queries the server read.
-	Served uint64
+	// Served counts the queries the server read, or, where only what entered the
+	// queues is counted (the kernel filter passes them), those, with
+	// QueuedPackets the estimate of how many of them are still queued at Now: the
+	// server read Served less QueuedPackets. While a queue fills, what entered it
+	// is more than the server reads, up to a whole buffer more in a window.
+	Served        uint64
+	QueuedPackets float64
 	// Overflow counts the queries lost because a receive queue was full.
 	Overflow uint64
 	// Queued and QueueLimit are the bytes in the receive queues and the queues'
@@ -353,7 +365,7 @@ type capacityInput struct {
 // capacitySample is what one sample saw since the previous one.
 type capacitySample struct {
 	dt        int64
-	served    uint64
+	served    float64 // read; less than 0 when the queue's estimate grew more than what entered
 	passed    uint64  // admitted and fixed: what entered the queues or overflowed
 	occupancy float64 // the queues' fill at the sample, 1 when one overflowed since the previous
 	overflow  bool
@@ -385,6 +397,7 @@ type capacityController struct {
 	demand, admitted, fixed, aimed float64
 
 	rate       float64 // R: what the limits admit, queries per second; 0: no overload yet
+	overflowed int64   // when a queue last overflowed
 	overloaded bool
 	since      int64 // start of the overload
 	lowSince   int64 // since when arrivals are below the exit threshold (-1: not)
@@ -421,7 +434,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	}
 	s := capacitySample{
 		dt:       in.Now - c.last.Now,
-		served:   diff(in.Served, c.last.Served),
+		served:   float64(diff(in.Served, c.last.Served)) + c.last.QueuedPackets - in.QueuedPackets,
 		passed:   diff(in.Admitted, c.last.Admitted) + diff(in.fixed, c.last.fixed),
 		overflow: diff(in.Overflow, c.last.Overflow) > 0,
 	}
@@ -454,14 +467,14 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 		if c.readAt != in.Now {
 			c.read(in.Now, nodes) // the cells' rates now
 		}
-		c.regulate(secs, true)
+		c.regulate(in.Now, secs, true)
 		c.solve(in.Now)
 	case c.overloaded && c.exiting(in.Now):
 		c.overloaded = false
 		c.level = math.Inf(1)
 		out.Stop = true
 	case c.overloaded:
-		c.regulate(secs, false)
+		c.regulate(in.Now, secs, false)
 		c.solve(in.Now)
 	}
 	out.Level = c.level
@@ -495,7 +508,8 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 		return 0, 0, 0, false
 	}
 	var dt int64
-	var sv, ps uint64
+	var sv float64
+	var ps uint64
 	full, over := true, 0
 	occupancy = 1
 	for i := range n {
@@ -513,13 +527,13 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 		occupancy = max(occupancy, last)
 	}
 	secs := float64(dt) / 1e9
-	return float64(sv) / secs, float64(ps) / secs, occupancy, n == capacityWindow && (full || over >= 2)
+	return max(sv, 0) / secs, float64(ps) / secs, occupancy, n == capacityWindow && (full || over >= 2)
 }
 
 // regulate sets R from the window: the served rate scaled by the occupancy's error
 // while the queues are above their target, and a rise while below (see the top of
 // this file). A configured capacity is R.
-func (c *capacityController) regulate(secs float64, start bool) {
+func (c *capacityController) regulate(now int64, secs float64, start bool) {
 	if c.configured > 0 {
 		c.rate = c.configured
 		return
@@ -528,10 +542,25 @@ func (c *capacityController) regulate(secs float64, start bool) {
 	err := q - capacityQueueTarget
 	floor := capacityFloor * c.demand
 	if err >= 0 || start {
+		if last := c.win[(c.nwin-1)%capacityWindow]; last.overflow && !start {
+			// A queue overflowed since the previous sample: the server is
+			// slower than R now, by as much as what it read in that sample
+			// says (the window's rate mixes in the faster moments before).
+			served = min(served, max(last.served, 0)/(float64(last.dt)/1e9))
+			c.overflowed = now
+		}
+		if start {
+			c.overflowed = now
+		}
 		c.rate = max(served*(1-capacityGain*err), floor)
 		return
 	}
-	rise := max(c.rate, floor) * math.Exp(capacityRise*(-err/capacityQueueTarget)*secs)
+	// The rise quickens with the time since the queue last stood: slow just over
+	// the rate at which it stood (where a server whose queue the samples do not
+	// see would overflow it next), up to capacityRise once it has run empty for
+	// capacityRise/capacityRiseAccel.
+	g := min(capacityRise, capacityRiseAccel*float64(now-c.overflowed)/1e9)
+	rise := max(c.rate, floor) * math.Exp(g*(-err/capacityQueueTarget)*secs)
 	c.rate = min(max(served*(1-capacityGain*err), rise), max(c.rate, 2*max(served, passed, floor)))
 }
 

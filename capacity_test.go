@@ -384,26 +384,35 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 				head = 0
 			}
 			queue = append(queue, queued{i, at})
+			in.Served++ // entered the queue, as the kernel filter counts
 		}
-		// The controller samples (before the server reads: the queue as a reader
-		// waking up would find it).
-		if now >= nextSample {
-			nextSample = now + int64(ctrl.sampleEvery())
-			in.Now = now
-			in.Queued = uint64(len(queue)-head) * 1000
-			in.QueueLimit = uint64(s.queueLen) * 1000
-			in.Sockets = 1
-			dec := ctrl.step(in, func() []capacityNode { return l.capacityNodes(now, &scratch) })
-			if dec.Write {
-				l.setCapacityLevel(dec.Level)
+		sample := func(before bool) {
+			// The controller samples: before the server reads, the queue as a reader
+			// waking up would find it; or, under a CPU quota, only while the process
+			// runs and after the server read, as a controller sharing the server's
+			// process and processor does (it runs once the reader has emptied the
+			// queue or its share of the period is spent: it sees a queue that
+			// stands, and little of the sawtooth the quota draws).
+			if now >= nextSample && (s.period == 0) == before {
+				nextSample = now + int64(ctrl.sampleEvery())
+				in.Now = now
+				in.Queued = uint64(len(queue)-head) * 1000
+				in.QueueLimit = uint64(s.queueLen) * 1000
+				in.Sockets = 1
+				in.QueuedPackets = float64(len(queue) - head)
+				dec := ctrl.step(in, func() []capacityNode { return l.capacityNodes(now, &scratch) })
+				if dec.Write {
+					l.setCapacityLevel(dec.Level)
+				}
+				res.level = append(res.level, dec.Level)
+				res.levelAt = append(res.levelAt, time.Duration(now))
+				res.overloaded = append(res.overloaded, ctrl.overloaded)
+				res.rate = append(res.rate, ctrl.rate)
+				res.occupancy = append(res.occupancy, float64(in.Queued)/float64(in.QueueLimit))
+				res.limits = append(res.limits, l.params.Load().limit)
 			}
-			res.level = append(res.level, dec.Level)
-			res.levelAt = append(res.levelAt, time.Duration(now))
-			res.overloaded = append(res.overloaded, ctrl.overloaded)
-			res.rate = append(res.rate, ctrl.rate)
-			res.occupancy = append(res.occupancy, float64(in.Queued)/float64(in.QueueLimit))
-			res.limits = append(res.limits, l.params.Load().limit)
 		}
+		sample(true)
 		// The server reads.
 		reading := s.period == 0 || time.Duration(now)%s.period < s.quota
 		rate := readRate
@@ -417,7 +426,6 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 				q := queue[head]
 				head++
 				tokens--
-				in.Served++
 				res.served[sources[q.src].name][int(q.sent/1e9)]++
 				res.servedTenth[sources[q.src].name][q.sent/1e8]++
 				res.served1s[int(now/1e9)]++
@@ -426,6 +434,9 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 			if head == len(queue) {
 				tokens = min(tokens, 1) // an idle server saves nothing up
 			}
+		}
+		if s.period > 0 && time.Duration(now)%s.period < s.quota {
+			sample(false)
 		}
 	}
 	return res
