@@ -88,6 +88,11 @@ const (
 	// 20,000 cells is the controller's main cost; the sketches' own time constant
 	// (290 ms) makes reading them more often say little more.
 	capacityStepEvery = 200 * time.Millisecond
+	// capacityStepSteady is how little the cells' level may move from one read
+	// to the next for the reads to space out (see read): larger reads less
+	// often, and notices a flood that changes its sources later (up to a
+	// second, while the queue loop holds R).
+	capacityStepSteady = 0.05
 	// capacityWindow is the number of samples (100 ms) over which the served rate
 	// and the occupancy are taken: longer smooths a server that reads in bursts (a
 	// CPU quota's period, a GC) and reacts later.
@@ -291,21 +296,7 @@ func capacitySolve(nodes []capacityNode, target float64) float64 {
 	if capacityAdmitted(nodes, capacityMinLevel) >= target {
 		return capacityMinLevel
 	}
-	// Above the heaviest cell over the smallest factor, every limit is above every
-	// cell: the lattice admits all it would unlimited.
-	hi := capacityMinLevel
-	for i := range nodes {
-		n := &nodes[i]
-		if n.factor <= 0 {
-			continue
-		}
-		for _, r := range n.rows {
-			if len(r.est) > 0 {
-				hi = max(hi, r.est[0]/n.factor)
-			}
-		}
-	}
-	hi *= 2
+	hi := 2 * max(capacityTop(nodes), capacityMinLevel)
 	lo := capacityMinLevel
 	// Bisection in the logarithm: the admitted rate grows with the level.
 	for range 48 {
@@ -317,6 +308,28 @@ func capacitySolve(nodes []capacityNode, target float64) float64 {
 		}
 	}
 	return math.Sqrt(lo * hi)
+}
+
+// capacityTop returns the least water level at which every cell is under its
+// node's limit (the lattice admits all it would unlimited): the heaviest cell over
+// its node's factor. +Inf: no cell.
+func capacityTop(nodes []capacityNode) float64 {
+	top := math.Inf(-1)
+	for i := range nodes {
+		n := &nodes[i]
+		if n.factor <= 0 {
+			continue
+		}
+		for _, r := range n.rows {
+			if len(r.est) > 0 {
+				top = max(top, r.est[0]/n.factor)
+			}
+		}
+	}
+	if math.IsInf(top, -1) {
+		return math.Inf(1)
+	}
+	return top
 }
 
 // capacityScratch is what capacityNodes keeps from one read of the sketches to the
@@ -399,10 +412,11 @@ type capacityController struct {
 	rate       float64 // R: what the limits admit, queries per second; 0: no overload yet
 	overflowed int64   // when a queue last overflowed
 	overloaded bool
-	since      int64 // start of the overload
-	lowSince   int64 // since when arrivals are below the exit threshold (-1: not)
-	nextRead   int64 // when the sketches are read next
-	readAt     int64 // when they were read last
+	since      int64         // start of the overload
+	lowSince   int64         // since when arrivals are below the exit threshold (-1: not)
+	nextRead   int64         // when the sketches are read next
+	readAt     int64         // when they were read last
+	readEvery  time.Duration // the time from the last read to the next
 	nodes      []capacityNode
 	level      float64 // in force: +Inf none
 	written    float64 // last Level returned with Write
@@ -484,14 +498,29 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	return out
 }
 
-// read reads the sketches into c.nodes and schedules the next read.
+// read reads the sketches into c.nodes and schedules the next read: after
+// capacityStepEvery while an overload is on or near, and every second otherwise.
+// While the level the cells give for the same target moves by less than
+// capacityStepSteady from one read to the next under overload (a steady flood),
+// the next read comes twice as late, up to a second: reading the cells is the
+// controller's main cost, and the queue loop, which R carries, needs no new read
+// (a configured capacity has no queue loop: its correction needs every read).
 func (c *capacityController) read(now int64, nodes func() []capacityNode) {
-	c.nodes, c.readAt = nodes(), now
-	if c.near() {
-		c.nextRead = now + int64(capacityStepEvery)
-	} else {
-		c.nextRead = now + int64(time.Second)
+	target := c.correction * c.target
+	before := math.NaN()
+	if c.overloaded && c.configured <= 0 && c.nodes != nil && target > 0 {
+		before = capacitySolve(c.nodes, target) // the storage is reused by the read
 	}
+	c.nodes, c.readAt = nodes(), now
+	every := time.Second
+	if c.near() {
+		every = capacityStepEvery
+		if after := capacitySolve(c.nodes, target); before > 0 && math.Abs(after-before) <= capacityStepSteady*before {
+			every = min(2*c.readEvery, time.Second)
+		}
+	}
+	c.readEvery = every
+	c.nextRead = now + int64(every)
 }
 
 // window returns, over the last capacityWindow samples, the rate the server read,
@@ -584,6 +613,14 @@ func (c *capacityController) solve(now int64) {
 		}
 	}
 	c.level = capacitySolve(c.nodes, c.correction*target)
+	if math.IsInf(c.level, 1) {
+		// The cells arrive under the target unlimited: every group is held
+		// at the most any sends, which limits none of them now, so that
+		// senders who paused and then send what they owe at once (a stalled
+		// sender catching up), or a flood that grows, are not let through
+		// whole before the next read.
+		c.level = capacityTop(c.nodes)
+	}
 }
 
 // lastDt is the last sample's length.
