@@ -16,24 +16,38 @@ package rrl
 // overflowing at two of them. Then the controller sets R, the rate the limits admit
 // (what the server is to read per second), at every sample:
 //
-//	q >= q0:  R = s * (1 - k*(q - q0))
-//	q <  q0:  R = min(R * exp(g * (q0 - q)/q0 * dt), 2*max(s, a))
+//	a queue overflowed:  R = min(s, s1) * (1 - k*(1 - q0))
+//	q >= q0:             R = s * (1 - k*(q - q0))
+//	q <  q0:             R = min(max(s * (1 + k*(q0 - q)), R * exp(g(t) * (q0 - q)/q0 * dt)), max(R, 2*max(s, a)))
+//	                     g(t) = min(g, j*t)
 //
 // with q the queues' standing occupancy, the least over the window, or the last
 // sample's when that is over capacityQueueHigh (a sample that overflowed counts as
-// full; see window), q0 = capacityQueueTarget, s the rate the server read over the window, a
-// the rate the limiter passed, k = capacityGain and g = capacityRise. While the
+// full; see window), q0 = capacityQueueTarget, s the rate the server read over the
+// window and s1 over the last sample, a the rate the limiter passed, k =
+// capacityGain, g = capacityRise, j = capacityRiseAccel and t the time since a
+// queue last overflowed. What the server read is what entered the queues less what
+// is still queued (capacityInput.Served): the queues' growth is not read. While the
 // queue stands the server reads as fast as it can, so s is what it can serve at
 // that moment, the bottleneck rate as BBR takes it from delivery: R follows it at
 // once, a little under it while the queue is above its target, so that the queue
-// drains to q0, and a little over while below. While the queue is under its target
-// the server could read more than it is given: R rises, by up to g a second when the
-// queue runs empty (a probe, as BBR's, that stops when the queue stands again), and
-// never above twice what passes (no wind-up while the limits do not bind), and
-// never under capacityFloor of the arrivals (a stalled server). Nothing
-// else is remembered: every sample's evidence replaces the last, so a slow moment
-// moves R only as long as it lasts, and a faster server shows at once (its standing
-// queue drains faster) or by the rise.
+// drains to q0, and a little over while below; an overflow says the server is
+// slower than R now, by as much as its last sample says. While the queue is under
+// its target the server could read more than it is given: R rises (a probe, as
+// BBR's, that stops when the queue stands again), slowly just after an overflow,
+// near the rate that overflowed, and faster, up to g a second, the longer the
+// queues run empty (a faster server, or one back from a pause); never above twice
+// what passes (no wind-up while the limits do not bind), and never under
+// capacityFloor of the arrivals (a stalled server). Nothing else is remembered:
+// every sample's evidence replaces the last, so a slow moment moves R only as long
+// as it lasts, and a faster server shows at once (its standing queue drains
+// faster) or by the rise.
+//
+// A controller that shares the server's processor (in its process, GOMAXPROCS=1,
+// under a CPU quota) runs when the server's reader has emptied the queue or spent
+// its share: its samples see a queue that stands, and little of the sawtooth in
+// between, so that the overflow is often the first sign that R is over what the
+// server reads. The slow rise after an overflow is for that server.
 //
 // With a configured capacity C (a number) R is C: the overload starts when more
 // queries arrive than C, and the receive queues are not needed.
@@ -56,8 +70,13 @@ package rrl
 // its nodes, and L is where that estimate meets the target. Shared cells make the
 // estimate wrong by a factor (collisions make groups look heavier than they are), so
 // a slow correction on the measured admission (the limiter's passes) brings it to the
-// target whatever the traffic's shape. The sketches are read every capacityStepEvery
-// and L is solved again at every sample.
+// target whatever the traffic's shape. The sketches are read every capacityStepEvery,
+// less often while the level they give holds still (see read), and L is solved again
+// at every sample. Under overload L stays finite: where the cells say the arrivals
+// are under the target with no limit, L holds every group at the heaviest cell's
+// rate, which limits none of them now and keeps a sender that paused and then sends
+// what it owes at once (or a flood that grows before the next read) from passing
+// whole.
 //
 // The overload ends (limits lift) when fewer queries arrive than capacityExitBelow of
 // R, and no queue stands, for capacityExitHold; the queries the limiter refuses count
@@ -515,7 +534,7 @@ func (c *capacityController) read(now int64, nodes func() []capacityNode) {
 	every := time.Second
 	if c.near() {
 		every = capacityStepEvery
-		if after := capacitySolve(c.nodes, target); before > 0 && math.Abs(after-before) <= capacityStepSteady*before {
+		if after := capacitySolve(c.nodes, target); before > 0 && (after == before || math.Abs(after-before) <= capacityStepSteady*before) {
 			every = min(2*c.readEvery, time.Second)
 		}
 	}
@@ -590,7 +609,7 @@ func (c *capacityController) regulate(now int64, secs float64, start bool) {
 	// capacityRise/capacityRiseAccel.
 	g := min(capacityRise, capacityRiseAccel*float64(now-c.overflowed)/1e9)
 	rise := max(c.rate, floor) * math.Exp(g*(-err/capacityQueueTarget)*secs)
-	c.rate = min(max(served*(1-capacityGain*err), rise), max(c.rate, 2*max(served, passed, floor)))
+	c.rate = min(max(served, rise), max(c.rate, 2*max(served, passed, floor)))
 }
 
 // solve sets the water level at which the sketches' model admits R less the fixed
