@@ -16,25 +16,24 @@ package rrl
 // overflowing at two of them. Then the controller sets R, the rate the limits admit
 // (what the server is to read per second), at every sample:
 //
-//	a queue overflowed:  R = min(s, s1) * (1 - k*(1 - q0))
+//	a queue overflowed:  R = min(R, s * (1 - k*(1 - q0)))
 //	q >= q0:             R = s * (1 - k*(q - q0))
-//	q <  q0:             R = min(max(s * (1 + k*(q0 - q)), R * exp(g(t) * (q0 - q)/q0 * dt)), max(R, 2*max(s, a)))
+//	q <  q0:             R = min(max(s, R * exp(g(t) * (q0 - q)/q0 * dt)), max(R, 2*max(s, a)))
 //	                     g(t) = min(g, j*t)
 //
 // with q the queues' standing occupancy, the least over the window, or the last
 // sample's when that is over capacityQueueHigh (a sample that overflowed counts as
 // full; see window), q0 = capacityQueueTarget, s the rate the server read over the
-// window and s1 over the last sample, a the rate the limiter passed, k =
-// capacityGain, g = capacityRise, j = capacityRiseAccel and t the time since a
-// queue last overflowed. What the server read is what entered the queues less what
+// window, a the rate the limiter passed, k = capacityGain, g = capacityRise, j =
+// capacityRiseAccel and t the time since a queue last overflowed. What the server read is what entered the queues less what
 // is still queued (capacityInput.Served): the queues' growth is not read. While the
 // queue stands the server reads as fast as it can, so s is what it can serve at
 // that moment, the bottleneck rate as BBR takes it from delivery: R follows it at
 // once, a little under it while the queue is above its target, so that the queue
-// drains to q0, and a little over while below; an overflow says the server is
-// slower than R now, by as much as its last sample says. While the queue is under
-// its target the server could read more than it is given: R rises (a probe, as
-// BBR's, that stops when the queue stands again), slowly just after an overflow,
+// drains to q0; an overflow says that R was over what the server reads, so its cut
+// never raises R. While the queue is under its target the server could read more
+// than it is given: R is never under what it read, and rises (a probe, as BBR's,
+// that stops when the queue stands again), slowly just after an overflow,
 // near the rate that overflowed, and faster, up to g a second, the longer the
 // queues run empty (a faster server, or one back from a pause); never above twice
 // what passes (no wind-up while the limits do not bind), and never under
@@ -590,17 +589,16 @@ func (c *capacityController) regulate(now int64, secs float64, start bool) {
 	err := q - capacityQueueTarget
 	floor := capacityFloor * c.demand
 	if err >= 0 || start {
-		if last := c.win[(c.nwin-1)%capacityWindow]; last.overflow && !start {
-			// A queue overflowed since the previous sample: the server is
-			// slower than R now, by as much as what it read in that sample
-			// says (the window's rate mixes in the faster moments before).
-			served = min(served, max(last.served, 0)/(float64(last.dt)/1e9))
-			c.overflowed = now
-		}
+		r := served * (1 - capacityGain*err)
 		if start {
 			c.overflowed = now
+		} else if c.win[(c.nwin-1)%capacityWindow].overflow {
+			// A queue overflowed since the previous sample: R was over what
+			// the server reads now, so the cut never raises it.
+			r = min(r, c.rate)
+			c.overflowed = now
 		}
-		c.rate = max(served*(1-capacityGain*err), floor)
+		c.rate = max(r, floor)
 		return
 	}
 	// The rise quickens with the time since the queue last stood: slow just over
