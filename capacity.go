@@ -495,6 +495,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 		c.overloaded, c.since, c.lowSince = true, in.Now, -1
 		c.overloads++
 		c.correction, c.aimed = 1, 0
+		c.readEvery = 0 // an overload starts with reads every capacityStepEvery
 		out.Start = true
 		if c.readAt != in.Now {
 			c.read(in.Now, nodes) // the cells' rates now
@@ -534,7 +535,7 @@ func (c *capacityController) read(now int64, nodes func() []capacityNode) {
 	if c.near() {
 		every = capacityStepEvery
 		if after := capacitySolve(c.nodes, target); before > 0 && (after == before || math.Abs(after-before) <= capacityStepSteady*before) {
-			every = min(2*c.readEvery, time.Second)
+			every = min(max(2*c.readEvery, capacityStepEvery), time.Second)
 		}
 	}
 	c.readEvery = every
@@ -601,9 +602,9 @@ func (c *capacityController) regulate(now int64, secs float64, start bool) {
 		c.rate = max(r, floor)
 		return
 	}
-	// The rise quickens with the time since the queue last stood: slow just over
-	// the rate at which it stood (where a server whose queue the samples do not
-	// see would overflow it next), up to capacityRise once it has run empty for
+	// The rise quickens with the time since a queue last overflowed: slow just
+	// over the rate that overflowed (where a server whose queue the samples do
+	// not see would overflow it next), up to capacityRise once none has for
 	// capacityRise/capacityRiseAccel.
 	g := min(capacityRise, capacityRiseAccel*float64(now-c.overflowed)/1e9)
 	rise := max(c.rate, floor) * math.Exp(g*(-err/capacityQueueTarget)*secs)

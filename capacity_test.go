@@ -714,3 +714,58 @@ func TestCapacitySimSlowStart(t *testing.T) {
 		t.Errorf("light /24s answered %.4f, want >= 0.99", got)
 	}
 }
+
+// TestCapacityReadsSpaceOut: under an auto overload the controller reads the
+// sketches every capacityStepEvery while the level they give moves, and twice as
+// late at each read, up to a second, while it holds; the first reads of an overload
+// come every capacityStepEvery again. The queue stands at half full throughout, the
+// server reading 1,000 a second; the cells send 200 groups of 50 a second, or 200 and
+// 140 in turn at each read (the level moves by 30%).
+func TestCapacityReadsSpaceOut(t *testing.T) {
+	groups := func(n int) []float64 {
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = 50
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name     string
+		moving   bool
+		min, max int // reads from the overload's second to its fourth
+	}{
+		{"steady", false, 2, 5},
+		{"moving", true, 9, 11},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctrl := newCapacityController(0)
+			var in capacityInput
+			in.QueueLimit, in.Sockets = 1000, 1
+			reads, counted, n := 0, false, 200
+			nodes := func() []capacityNode {
+				if counted {
+					reads++
+				}
+				if c.moving {
+					n = 340 - n
+				}
+				return []capacityNode{curveNode(0, 1, math.Inf(1), groups(n))}
+			}
+			for now := int64(0); now < int64(4*time.Second); now += int64(capacitySampleEvery) {
+				in.Now = now
+				in.Queued = 500
+				in.Served += 25 // 1,000 a second
+				in.Admitted += 25
+				in.Demand += 250
+				ctrl.step(in, nodes)
+				counted = ctrl.overloaded && now >= int64(2*time.Second)
+			}
+			if !ctrl.overloaded {
+				t.Fatal("no overload with the queue standing")
+			}
+			if reads < c.min || reads > c.max {
+				t.Errorf("%d reads in 2 s of overload, want %d to %d", reads, c.min, c.max)
+			}
+		})
+	}
+}
