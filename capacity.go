@@ -16,24 +16,37 @@ package rrl
 // overflowing at two of them. Then the controller sets R, the rate the limits admit
 // (what the server is to read per second), at every sample:
 //
-//	q >= q0:  R = s * (1 - k*(q - q0))
-//	q <  q0:  R = min(R * exp(g * (q0 - q)/q0 * dt), 2*max(s, a))
+//	a queue overflowed:  R = min(R, s * (1 - k*(1 - q0)))
+//	q >= q0:             R = s * (1 - k*(q - q0))
+//	q <  q0:             R = min(max(s, R * exp(g(t) * (q0 - q)/q0 * dt)), max(R, 2*max(s, a)))
+//	                     g(t) = min(g, j*t)
 //
 // with q the queues' standing occupancy, the least over the window, or the last
 // sample's when that is over capacityQueueHigh (a sample that overflowed counts as
-// full; see window), q0 = capacityQueueTarget, s the rate the server read over the window, a
-// the rate the limiter passed, k = capacityGain and g = capacityRise. While the
+// full; see window), q0 = capacityQueueTarget, s the rate the server read over the
+// window, a the rate the limiter passed, k = capacityGain, g = capacityRise, j =
+// capacityRiseAccel and t the time since a queue last overflowed. What the server read is what entered the queues less what
+// is still queued (capacityInput.Served): the queues' growth is not read. While the
 // queue stands the server reads as fast as it can, so s is what it can serve at
 // that moment, the bottleneck rate as BBR takes it from delivery: R follows it at
 // once, a little under it while the queue is above its target, so that the queue
-// drains to q0, and a little over while below. While the queue is under its target
-// the server could read more than it is given: R rises, by up to g a second when the
-// queue runs empty (a probe, as BBR's, that stops when the queue stands again), and
-// never above twice what passes (no wind-up while the limits do not bind), and
-// never under capacityFloor of the arrivals (a stalled server). Nothing
-// else is remembered: every sample's evidence replaces the last, so a slow moment
-// moves R only as long as it lasts, and a faster server shows at once (its standing
-// queue drains faster) or by the rise.
+// drains to q0; an overflow says that R was over what the server reads, so its cut
+// never raises R. While the queue is under its target the server could read more
+// than it is given: R is never under what it read, and rises (a probe, as BBR's,
+// that stops when the queue stands again), slowly just after an overflow,
+// near the rate that overflowed, and faster, up to g a second, the longer the
+// queues run empty (a faster server, or one back from a pause); never above twice
+// what passes (no wind-up while the limits do not bind), and never under
+// capacityFloor of the arrivals (a stalled server). Nothing else is remembered:
+// every sample's evidence replaces the last, so a slow moment moves R only as long
+// as it lasts, and a faster server shows at once (its standing queue drains
+// faster) or by the rise.
+//
+// A controller that shares the server's processor (in its process, GOMAXPROCS=1,
+// under a CPU quota) runs when the server's reader has emptied the queue or spent
+// its share: its samples see a queue that stands, and little of the sawtooth in
+// between, so that the overflow is often the first sign that R is over what the
+// server reads. The slow rise after an overflow is for that server.
 //
 // With a configured capacity C (a number) R is C: the overload starts when more
 // queries arrive than C, and the receive queues are not needed.
@@ -56,8 +69,13 @@ package rrl
 // its nodes, and L is where that estimate meets the target. Shared cells make the
 // estimate wrong by a factor (collisions make groups look heavier than they are), so
 // a slow correction on the measured admission (the limiter's passes) brings it to the
-// target whatever the traffic's shape. The sketches are read every capacityStepEvery
-// and L is solved again at every sample.
+// target whatever the traffic's shape. The sketches are read every capacityStepEvery,
+// less often while the level they give holds still (see read), and L is solved again
+// at every sample. Under overload L stays finite: where the cells say the arrivals
+// are under the target with no limit, L holds every group at the heaviest cell's
+// rate, which limits none of them now and keeps a sender that paused and then sends
+// what it owes at once (or a flood that grows before the next read) from passing
+// whole.
 //
 // The overload ends (limits lift) when fewer queries arrive than capacityExitBelow of
 // R, and no queue stands, for capacityExitHold; the queries the limiter refuses count
@@ -88,6 +106,11 @@ const (
 	// 20,000 cells is the controller's main cost; the sketches' own time constant
 	// (290 ms) makes reading them more often say little more.
 	capacityStepEvery = 200 * time.Millisecond
+	// capacityStepSteady is how little the cells' level may move from one read
+	// to the next for the reads to space out (see read): larger reads less
+	// often, and notices a flood that changes its sources later (up to a
+	// second, while the queue loop holds R).
+	capacityStepSteady = 0.05
 	// capacityWindow is the number of samples (100 ms) over which the served rate
 	// and the occupancy are taken: longer smooths a server that reads in bursts (a
 	// CPU quota's period, a GC) and reacts later.
@@ -108,13 +131,20 @@ const (
 	// over the target: higher drains a standing queue sooner and makes R follow
 	// the occupancy's noise more.
 	capacityGain = 0.25
-	// capacityRise is how fast R grows, per second in the logarithm, while the
-	// queues run empty under the limits: faster regains a server that got faster
-	// sooner (the simulated schedules' speed-ups, up to twice as fast, need 3
-	// to be served at 0.9 within 2 s) and overshoots into the queue more before the
-	// occupancy shows it (a capped live server whose speed swings from one moment
-	// to the next overflowed about as often at 4 as at 3, twice as often as at 2).
-	capacityRise = 3
+	// capacityRise is how fast R grows at most, per second in the logarithm, while
+	// the queues run empty under the limits, and capacityRiseAccel (per second
+	// squared) how the rise quickens to it from the last overflow: R comes back
+	// slowly towards the rate at which the queue overflowed (a server whose
+	// process runs the controller too is sampled when its reader has emptied the
+	// queue, so the overflow, not the occupancy, is often the only sign that R is
+	// over what it reads), and fast once the queue has run empty for a second (a
+	// server that got faster, or came back from a pause). Faster overshoots
+	// further past the rate that overflowed before the overflow shows it again
+	// (each time, about R's excess over the sampling delay, lost); slower regains
+	// a faster server later (the simulated schedules' speed-ups, up to twice as
+	// fast, are served at 0.9 within 2 s).
+	capacityRise      = 3
+	capacityRiseAccel = 3
 	// capacityExitBelow and capacityExitHold: the overload ends once arrivals stay
 	// below this share of R for this long. Closer to 1 or shorter lifts the limits
 	// sooner after a flood, and flaps more when a flood hovers around R.
@@ -284,21 +314,7 @@ func capacitySolve(nodes []capacityNode, target float64) float64 {
 	if capacityAdmitted(nodes, capacityMinLevel) >= target {
 		return capacityMinLevel
 	}
-	// Above the heaviest cell over the smallest factor, every limit is above every
-	// cell: the lattice admits all it would unlimited.
-	hi := capacityMinLevel
-	for i := range nodes {
-		n := &nodes[i]
-		if n.factor <= 0 {
-			continue
-		}
-		for _, r := range n.rows {
-			if len(r.est) > 0 {
-				hi = max(hi, r.est[0]/n.factor)
-			}
-		}
-	}
-	hi *= 2
+	hi := 2 * max(capacityTop(nodes), capacityMinLevel)
 	lo := capacityMinLevel
 	// Bisection in the logarithm: the admitted rate grows with the level.
 	for range 48 {
@@ -310,6 +326,28 @@ func capacitySolve(nodes []capacityNode, target float64) float64 {
 		}
 	}
 	return math.Sqrt(lo * hi)
+}
+
+// capacityTop returns the least water level at which every cell is under its
+// node's limit (the lattice admits all it would unlimited): the heaviest cell over
+// its node's factor. +Inf: no cell.
+func capacityTop(nodes []capacityNode) float64 {
+	top := math.Inf(-1)
+	for i := range nodes {
+		n := &nodes[i]
+		if n.factor <= 0 {
+			continue
+		}
+		for _, r := range n.rows {
+			if len(r.est) > 0 {
+				top = max(top, r.est[0]/n.factor)
+			}
+		}
+	}
+	if math.IsInf(top, -1) {
+		return math.Inf(1)
+	}
+	return top
 }
 
 // capacityScratch is what capacityNodes keeps from one read of the sketches to the
@@ -340,8 +378,13 @@ type capacityInput struct {
 	// fixed counts the queries passed without the limiter's judgement (proven,
 	// exempt, not DNS): load the water level cannot shed.
 	fixed uint64
-	// Served counts the queries the server read.
-	Served uint64
+	// Served counts the queries the server read, or, where only what entered the
+	// queues is counted (the kernel filter passes them), those, with
+	// QueuedPackets the estimate of how many of them are still queued at Now: the
+	// server read Served less QueuedPackets. While a queue fills, what entered it
+	// is more than the server reads, up to a whole buffer more in a window.
+	Served        uint64
+	QueuedPackets float64
 	// Overflow counts the queries lost because a receive queue was full.
 	Overflow uint64
 	// Queued and QueueLimit are the bytes in the receive queues and the queues'
@@ -353,7 +396,7 @@ type capacityInput struct {
 // capacitySample is what one sample saw since the previous one.
 type capacitySample struct {
 	dt        int64
-	served    uint64
+	served    float64 // read; less than 0 when the queue's estimate grew more than what entered
 	passed    uint64  // admitted and fixed: what entered the queues or overflowed
 	occupancy float64 // the queues' fill at the sample, 1 when one overflowed since the previous
 	overflow  bool
@@ -385,11 +428,13 @@ type capacityController struct {
 	demand, admitted, fixed, aimed float64
 
 	rate       float64 // R: what the limits admit, queries per second; 0: no overload yet
+	overflowed int64   // when a queue last overflowed
 	overloaded bool
-	since      int64 // start of the overload
-	lowSince   int64 // since when arrivals are below the exit threshold (-1: not)
-	nextRead   int64 // when the sketches are read next
-	readAt     int64 // when they were read last
+	since      int64         // start of the overload
+	lowSince   int64         // since when arrivals are below the exit threshold (-1: not)
+	nextRead   int64         // when the sketches are read next
+	readAt     int64         // when they were read last
+	readEvery  time.Duration // the time from the last read to the next
 	nodes      []capacityNode
 	level      float64 // in force: +Inf none
 	written    float64 // last Level returned with Write
@@ -421,7 +466,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	}
 	s := capacitySample{
 		dt:       in.Now - c.last.Now,
-		served:   diff(in.Served, c.last.Served),
+		served:   float64(diff(in.Served, c.last.Served)) + c.last.QueuedPackets - in.QueuedPackets,
 		passed:   diff(in.Admitted, c.last.Admitted) + diff(in.fixed, c.last.fixed),
 		overflow: diff(in.Overflow, c.last.Overflow) > 0,
 	}
@@ -450,18 +495,19 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 		c.overloaded, c.since, c.lowSince = true, in.Now, -1
 		c.overloads++
 		c.correction, c.aimed = 1, 0
+		c.readEvery = 0 // an overload starts with reads every capacityStepEvery
 		out.Start = true
 		if c.readAt != in.Now {
 			c.read(in.Now, nodes) // the cells' rates now
 		}
-		c.regulate(secs, true)
+		c.regulate(in.Now, secs, true)
 		c.solve(in.Now)
 	case c.overloaded && c.exiting(in.Now):
 		c.overloaded = false
 		c.level = math.Inf(1)
 		out.Stop = true
 	case c.overloaded:
-		c.regulate(secs, false)
+		c.regulate(in.Now, secs, false)
 		c.solve(in.Now)
 	}
 	out.Level = c.level
@@ -471,14 +517,29 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	return out
 }
 
-// read reads the sketches into c.nodes and schedules the next read.
+// read reads the sketches into c.nodes and schedules the next read: after
+// capacityStepEvery while an overload is on or near, and every second otherwise.
+// While the level the cells give for the same target moves by less than
+// capacityStepSteady from one read to the next under overload (a steady flood),
+// the next read comes twice as late, up to a second: reading the cells is the
+// controller's main cost, and the queue loop, which R carries, needs no new read
+// (a configured capacity has no queue loop: its correction needs every read).
 func (c *capacityController) read(now int64, nodes func() []capacityNode) {
-	c.nodes, c.readAt = nodes(), now
-	if c.near() {
-		c.nextRead = now + int64(capacityStepEvery)
-	} else {
-		c.nextRead = now + int64(time.Second)
+	target := c.correction * c.target
+	before := math.NaN()
+	if c.overloaded && c.configured <= 0 && c.nodes != nil && target > 0 {
+		before = capacitySolve(c.nodes, target) // the storage is reused by the read
 	}
+	c.nodes, c.readAt = nodes(), now
+	every := time.Second
+	if c.near() {
+		every = capacityStepEvery
+		if after := capacitySolve(c.nodes, target); before > 0 && (after == before || math.Abs(after-before) <= capacityStepSteady*before) {
+			every = min(max(2*c.readEvery, capacityStepEvery), time.Second)
+		}
+	}
+	c.readEvery = every
+	c.nextRead = now + int64(every)
 }
 
 // window returns, over the last capacityWindow samples, the rate the server read,
@@ -495,7 +556,8 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 		return 0, 0, 0, false
 	}
 	var dt int64
-	var sv, ps uint64
+	var sv float64
+	var ps uint64
 	full, over := true, 0
 	occupancy = 1
 	for i := range n {
@@ -513,13 +575,13 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 		occupancy = max(occupancy, last)
 	}
 	secs := float64(dt) / 1e9
-	return float64(sv) / secs, float64(ps) / secs, occupancy, n == capacityWindow && (full || over >= 2)
+	return max(sv, 0) / secs, float64(ps) / secs, occupancy, n == capacityWindow && (full || over >= 2)
 }
 
 // regulate sets R from the window: the served rate scaled by the occupancy's error
 // while the queues are above their target, and a rise while below (see the top of
 // this file). A configured capacity is R.
-func (c *capacityController) regulate(secs float64, start bool) {
+func (c *capacityController) regulate(now int64, secs float64, start bool) {
 	if c.configured > 0 {
 		c.rate = c.configured
 		return
@@ -528,11 +590,25 @@ func (c *capacityController) regulate(secs float64, start bool) {
 	err := q - capacityQueueTarget
 	floor := capacityFloor * c.demand
 	if err >= 0 || start {
-		c.rate = max(served*(1-capacityGain*err), floor)
+		r := served * (1 - capacityGain*err)
+		if start {
+			c.overflowed = now
+		} else if c.win[(c.nwin-1)%capacityWindow].overflow {
+			// A queue overflowed since the previous sample: R was over what
+			// the server reads now, so the cut never raises it.
+			r = min(r, c.rate)
+			c.overflowed = now
+		}
+		c.rate = max(r, floor)
 		return
 	}
-	rise := max(c.rate, floor) * math.Exp(capacityRise*(-err/capacityQueueTarget)*secs)
-	c.rate = min(max(served*(1-capacityGain*err), rise), max(c.rate, 2*max(served, passed, floor)))
+	// The rise quickens with the time since a queue last overflowed: slow just
+	// over the rate that overflowed (where a server whose queue the samples do
+	// not see would overflow it next), up to capacityRise once none has for
+	// capacityRise/capacityRiseAccel.
+	g := min(capacityRise, capacityRiseAccel*float64(now-c.overflowed)/1e9)
+	rise := max(c.rate, floor) * math.Exp(g*(-err/capacityQueueTarget)*secs)
+	c.rate = min(max(served, rise), max(c.rate, 2*max(served, passed, floor)))
 }
 
 // solve sets the water level at which the sketches' model admits R less the fixed
@@ -555,6 +631,14 @@ func (c *capacityController) solve(now int64) {
 		}
 	}
 	c.level = capacitySolve(c.nodes, c.correction*target)
+	if math.IsInf(c.level, 1) {
+		// The cells arrive under the target unlimited: every group is held
+		// at the most any sends, which limits none of them now, so that
+		// senders who paused and then send what they owe at once (a stalled
+		// sender catching up), or a flood that grows, are not let through
+		// whole before the next read.
+		c.level = capacityTop(c.nodes)
+	}
 }
 
 // lastDt is the last sample's length.

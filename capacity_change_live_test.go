@@ -123,7 +123,7 @@ func (l *capLive) runChange(tb testing.TB, C float64, c capChange) changeResult 
 // light /24s and the server get from 2 s after the last change is logged here and
 // reported by BenchmarkLiveCapacityChanges: on a loaded machine the capped server's
 // own rate moves by a factor of 3 to 7 from one quarter second to the next, and
-// the light groups' share with it (0.85-1.00 in the runs of docs/capacity.md).
+// the light groups' share with it (0.98-1.00 in the runs of docs/capacity.md, 0.71-0.98 with the controller before).
 func TestLiveCapacityChanges(t *testing.T) {
 	l := newCapLive(t)
 	release, err := testutil.LockLive()

@@ -166,6 +166,7 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	in.fixed = sum[counterExempt] + sum[counterCookiePassed]
 	in.Admitted = subFloor(in.Demand, in.fixed+limited)
 	in.Overflow = k.queues.account(subFloor(sum[counterSeen], sum[counterPassed]))
+	// What entered the queues: read, or still queued (QueuedPackets).
 	in.Served = subFloor(sum[counterPassed], in.Overflow)
 	return in, nil
 }

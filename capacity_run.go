@@ -281,6 +281,10 @@ type queueWatch struct {
 	started  bool
 	carry    int64 // drops not yet told apart from the filter's (see account)
 	overflow uint64
+	// unit is the least nonzero fill of one socket's queue seen, in bytes: one
+	// packet's share of the buffer (its true size, which the kernel charges), by
+	// which the bytes queued count packets. 0: none seen yet.
+	unit uint64
 }
 
 // queueCarryFloor bounds how far the filter's drops may run ahead of the sockets'
@@ -301,6 +305,9 @@ func (w *queueWatch) read(socks []queueSocket) capacityInput {
 		}
 		in.Queued += uint64(queued)
 		in.QueueLimit += uint64(size)
+		if queued > 0 && (w.unit == 0 || uint64(queued) < w.unit) {
+			w.unit = uint64(queued)
+		}
 		in.Sockets++
 		if prev, ok := w.drops[s.key]; ok {
 			w.delta += uint64(drops - prev) // modulo 2^32, as the kernel counts
@@ -308,6 +315,13 @@ func (w *queueWatch) read(socks []queueSocket) capacityInput {
 		next[s.key] = drops
 	}
 	w.drops = next
+	if w.unit > 0 {
+		// A queue of mixed sizes counts as packets of the smallest: the
+		// count errs high, and what the server read (capacityInput.Served less
+		// the count) low. The kernel also frees a busy reader's bytes in
+		// batches (a quarter of the buffer for UDP), which errs the same way.
+		in.QueuedPackets = float64(in.Queued) / float64(w.unit)
+	}
 	return in
 }
 

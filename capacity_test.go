@@ -384,26 +384,35 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 				head = 0
 			}
 			queue = append(queue, queued{i, at})
+			in.Served++ // entered the queue, as the kernel filter counts
 		}
-		// The controller samples (before the server reads: the queue as a reader
-		// waking up would find it).
-		if now >= nextSample {
-			nextSample = now + int64(ctrl.sampleEvery())
-			in.Now = now
-			in.Queued = uint64(len(queue)-head) * 1000
-			in.QueueLimit = uint64(s.queueLen) * 1000
-			in.Sockets = 1
-			dec := ctrl.step(in, func() []capacityNode { return l.capacityNodes(now, &scratch) })
-			if dec.Write {
-				l.setCapacityLevel(dec.Level)
+		sample := func(before bool) {
+			// The controller samples: before the server reads, the queue as a reader
+			// waking up would find it; or, under a CPU quota, only while the process
+			// runs and after the server read, as a controller sharing the server's
+			// process and processor does (it runs once the reader has emptied the
+			// queue or its share of the period is spent: it sees a queue that
+			// stands, and little of the sawtooth the quota draws).
+			if now >= nextSample && (s.period == 0) == before {
+				nextSample = now + int64(ctrl.sampleEvery())
+				in.Now = now
+				in.Queued = uint64(len(queue)-head) * 1000
+				in.QueueLimit = uint64(s.queueLen) * 1000
+				in.Sockets = 1
+				in.QueuedPackets = float64(len(queue) - head)
+				dec := ctrl.step(in, func() []capacityNode { return l.capacityNodes(now, &scratch) })
+				if dec.Write {
+					l.setCapacityLevel(dec.Level)
+				}
+				res.level = append(res.level, dec.Level)
+				res.levelAt = append(res.levelAt, time.Duration(now))
+				res.overloaded = append(res.overloaded, ctrl.overloaded)
+				res.rate = append(res.rate, ctrl.rate)
+				res.occupancy = append(res.occupancy, float64(in.Queued)/float64(in.QueueLimit))
+				res.limits = append(res.limits, l.params.Load().limit)
 			}
-			res.level = append(res.level, dec.Level)
-			res.levelAt = append(res.levelAt, time.Duration(now))
-			res.overloaded = append(res.overloaded, ctrl.overloaded)
-			res.rate = append(res.rate, ctrl.rate)
-			res.occupancy = append(res.occupancy, float64(in.Queued)/float64(in.QueueLimit))
-			res.limits = append(res.limits, l.params.Load().limit)
 		}
+		sample(true)
 		// The server reads.
 		reading := s.period == 0 || time.Duration(now)%s.period < s.quota
 		rate := readRate
@@ -417,7 +426,6 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 				q := queue[head]
 				head++
 				tokens--
-				in.Served++
 				res.served[sources[q.src].name][int(q.sent/1e9)]++
 				res.servedTenth[sources[q.src].name][q.sent/1e8]++
 				res.served1s[int(now/1e9)]++
@@ -426,6 +434,9 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 			if head == len(queue) {
 				tokens = min(tokens, 1) // an idle server saves nothing up
 			}
+		}
+		if s.period > 0 && time.Duration(now)%s.period < s.quota {
+			sample(false)
 		}
 	}
 	return res
@@ -701,5 +712,60 @@ func TestCapacitySimSlowStart(t *testing.T) {
 	}
 	if got := float64(sumOver(res.served, names, 2, 7)) / float64(sumOver(res.sent, names, 2, 7)); got < 0.99 {
 		t.Errorf("light /24s answered %.4f, want >= 0.99", got)
+	}
+}
+
+// TestCapacityReadsSpaceOut: under an auto overload the controller reads the
+// sketches every capacityStepEvery while the level they give moves, and twice as
+// late at each read, up to a second, while it holds; the first reads of an overload
+// come every capacityStepEvery again. The queue stands at half full throughout, the
+// server reading 1,000 a second; the cells send 200 groups of 50 a second, or 200 and
+// 140 in turn at each read (the level moves by 30%).
+func TestCapacityReadsSpaceOut(t *testing.T) {
+	groups := func(n int) []float64 {
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = 50
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name     string
+		moving   bool
+		min, max int // reads from the overload's second to its fourth
+	}{
+		{"steady", false, 2, 5},
+		{"moving", true, 9, 11},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctrl := newCapacityController(0)
+			var in capacityInput
+			in.QueueLimit, in.Sockets = 1000, 1
+			reads, counted, n := 0, false, 200
+			nodes := func() []capacityNode {
+				if counted {
+					reads++
+				}
+				if c.moving {
+					n = 340 - n
+				}
+				return []capacityNode{curveNode(0, 1, math.Inf(1), groups(n))}
+			}
+			for now := int64(0); now < int64(4*time.Second); now += int64(capacitySampleEvery) {
+				in.Now = now
+				in.Queued = 500
+				in.Served += 25 // 1,000 a second
+				in.Admitted += 25
+				in.Demand += 250
+				ctrl.step(in, nodes)
+				counted = ctrl.overloaded && now >= int64(2*time.Second)
+			}
+			if !ctrl.overloaded {
+				t.Fatal("no overload with the queue standing")
+			}
+			if reads < c.min || reads > c.max {
+				t.Errorf("%d reads in 2 s of overload, want %d to %d", reads, c.min, c.max)
+			}
+		})
 	}
 }
