@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"reflect"
@@ -172,7 +173,7 @@ func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	// The cookie first: a query that proves its address with a valid server
 	// cookie is judged at that address only, as the kernel filter judges it.
-	if limiter != nil && !allowQuery(limiter, src, rw.cookieResult.Valid()) {
+	if limiter != nil && !allowQuery(limiter, src, rw.cookieResult.Valid(), req, nil) {
 		h.limited.Add(1)
 		h.release(rw)
 		return
@@ -204,11 +205,15 @@ func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 
 // allowQuery holds a query from src to the request limits of l: at its own address
 // only when proven (a valid server cookie), else at every node.
-func allowQuery(l *Limiter, src netip.AddrPort, proven bool) bool {
-	if proven {
-		return l.allowProven(src)
+// The query's name is judged too when the names judge is on (docs/names.md): read
+// from req when not nil, else from raw, the datagram as read.
+func allowQuery(l *Limiter, src netip.AddrPort, proven bool, req *dns.Msg, raw []byte) bool {
+	var q qname
+	var qp *qname
+	if req != nil && l.readQuestion(req, &q) || raw != nil && l.readName(raw, &q) {
+		qp = &q
 	}
-	return l.Allow(src)
+	return l.decideQueryAt(src, qp, proven, coarseNanos(), rand.Uint32()).Allowed
 }
 
 // allowRaw is allowQuery for a datagram as read, b, whose server cookie it looks
@@ -220,7 +225,7 @@ func (h *Handler) allowRaw(l *Limiter, b []byte, src netip.AddrPort) bool {
 			proven = h.cookies.Verify(c, src.Addr().Unmap(), h.now()).Valid()
 		}
 	}
-	return allowQuery(l, src, proven)
+	return allowQuery(l, src, proven, nil, b)
 }
 
 // release ends rw's lease, so that the inner handler's later calls fail instead of

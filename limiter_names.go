@@ -1,0 +1,189 @@
+package rrl
+
+import (
+	"math"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/miekg/dns"
+)
+
+// The names judge of the Go Limiter (docs/names.md, "The rule"): under overload,
+// queries for names the server has not answered as existing (the unknown tier) are
+// limited by zone, before the source lattice, which then counts only what passed.
+// The kernel program applies the same rule to the same keys.
+
+// nameSeedTweak makes the names' seed from the Limiter's: the bytes of "names".
+const nameSeedTweak = 0x6e616d6573
+
+// nameSeed is the seed of the query names' keys for a Limiter (or kernel filter)
+// seeded with seed.
+func nameSeed(seed uint64) uint64 { return mix64(seed ^ nameSeedTweak) }
+
+// namesParams are a limiterParams' names settings.
+type namesParams struct {
+	on    bool
+	level float64 // in force, queries per second per zone; 0: none
+	limit fixed   // the unknown tier's limit per zone; fixedMax: none
+	trip  fixed   // tripCount(limit)
+	zones []string
+}
+
+// initNames sets the names judge up for cfg: on with the capacity mode unless the
+// names keyword is off, with cfg's level (namesLevel) in force.
+func (p *limiterParams) initNames(cfg *Config) {
+	p.names = namesParams{limit: fixedMax, trip: tripCount(fixedMax)}
+	if cfg.capacity == 0 || cfg.namesOff {
+		return
+	}
+	p.names.on = true
+	p.names.zones = cfg.zones
+	p.applyNamesLevel(cfg.namesLevel)
+}
+
+// namesLimit is the limit a names level gives: fixedMax for none (0 or +Inf), else
+// the level, at least the smallest fixed.
+func namesLimit(level float64) fixed {
+	if !(level > 0) || math.IsInf(level, 1) {
+		return fixedMax
+	}
+	return max(fixedFromFloat(level), 1)
+}
+
+// applyNamesLevel puts the names level in force (0 or +Inf: none).
+func (p *limiterParams) applyNamesLevel(level float64) {
+	n := &p.names
+	if !n.on {
+		return
+	}
+	n.limit = namesLimit(level)
+	n.level = 0
+	if n.limit != fixedMax {
+		n.level = level
+	}
+	n.trip = tripCount(n.limit)
+}
+
+// limiterNames is what a Limiter keeps for the names judge, made when a Config first
+// turns it on and kept after: the learner and the zone sketch (the unknown tier's
+// arrivals by zone).
+type limiterNames struct {
+	seed    uint64
+	learner atomic.Pointer[nameLearner]
+	zones   []string // the learner's configured apexes; under mu
+	mu      sync.Mutex
+	sketch  countMin
+}
+
+// namesState returns l's names state, making it if p has the names judge on.
+func (l *Limiter) namesState(p *limiterParams) *limiterNames {
+	if ln := l.names.Load(); ln != nil || !p.names.on {
+		return ln
+	}
+	ln := &limiterNames{seed: nameSeed(l.seedv)}
+	if !l.names.CompareAndSwap(nil, ln) {
+		ln = l.names.Load()
+	}
+	ln.setZones(p.names.zones)
+	return ln
+}
+
+// setZones gives the learner the configured apexes zones: a new learner when they
+// changed (what it learnt comes back with the next answers).
+func (ln *limiterNames) setZones(zones []string) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if ln.learner.Load() != nil && slices.Equal(ln.zones, zones) {
+		return
+	}
+	lr, ok := newNameLearner(ln.seed, zones)
+	if !ok {
+		lr, _ = newNameLearner(ln.seed, nil) // parseZones refused such names already
+	}
+	ln.zones = slices.Clone(zones)
+	ln.learner.Store(lr)
+}
+
+// readName reads the question of msg, a query as it arrived, into q with l's names
+// seed; false when the names judge is off or the name does not read.
+func (l *Limiter) readName(msg []byte, q *qname) bool {
+	ln := l.names.Load()
+	if ln == nil || !l.params.Load().names.on {
+		return false
+	}
+	_, err := readQName(msg, ln.seed, q)
+	return err == nameOK
+}
+
+// readQuestion is readName for a query already unpacked (the Handler's).
+func (l *Limiter) readQuestion(req *dns.Msg, q *qname) bool {
+	ln := l.names.Load()
+	if ln == nil || len(req.Question) != 1 || !l.params.Load().names.on {
+		return false
+	}
+	return qnameOf(req.Question[0].Name, ln.seed, q)
+}
+
+// observe teaches l's learner from resp, a response the server computed for a query,
+// with the wildcard origin its handler reported ("" for none).
+func (l *Limiter) observe(resp *dns.Msg, wildcard string) {
+	l.observeAt(resp, wildcard, coarseNanos())
+}
+
+// observeAt is observe at now, on the clock of the Limiter's judgements.
+func (l *Limiter) observeAt(resp *dns.Msg, wildcard string, now int64) {
+	if ln := l.names.Load(); ln != nil && l.params.Load().names.on {
+		ln.learner.Load().observe(resp, wildcard, uint64(max(now, 0)))
+	}
+}
+
+// namesVerdict is what the names judge made of a query.
+type namesVerdict uint8
+
+const (
+	namesNotJudged namesVerdict = iota // off, no name, exempt
+	namesKnown
+	namesUnknown // passed the names judge
+	namesRefused
+)
+
+// judgeName is the names judge of the rule: it classifies q and counts an unknown
+// name in the zone sketch, and refuses it when the draw (rand rotated by 16 bits)
+// is over the zone's limit.
+func (l *Limiter) judgeName(p *limiterParams, st *statShard, q *qname, t uint64, rand uint32) namesVerdict {
+	ln := l.names.Load()
+	if ln == nil {
+		return namesNotJudged
+	}
+	c := ln.learner.Load().classify(q, t)
+	if c.known {
+		st.namesKnown.Add(1)
+		return namesKnown
+	}
+	st.namesUnknown.Add(1)
+	cnt := ln.sketch.arrive(mix64(l.mix0^uint64(c.zone)), t)
+	if cnt >= p.names.trip && fixed(bits.RotateLeft32(rand, 16)).Mul(arrivalRate(cnt)) >= p.names.limit {
+		return namesRefused
+	}
+	return namesUnknown
+}
+
+// setNamesLevel puts the names level in force in l (0 or +Inf: none).
+func (l *Limiter) setNamesLevel(level float64) {
+	l.updateMu.Lock()
+	defer l.updateMu.Unlock()
+	old := l.params.Load()
+	if !old.names.on || namesLimit(level) == old.names.limit {
+		return
+	}
+	p := *old
+	p.applyNamesLevel(level)
+	l.params.Store(&p)
+}
+
+// zoneRate returns the unknown tier's estimated rate of the zone with key zone at t.
+func (ln *limiterNames) zoneRate(seedMix0 uint64, zone nameKey, t uint64) fixed {
+	return ln.sketch.rate(mix64(seedMix0^uint64(zone)), t)
+}
