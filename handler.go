@@ -21,6 +21,9 @@ import (
 // request limits already (in the kernel, or by a server of the Protection).
 type requestGate interface {
 	requestLimiter(w dns.ResponseWriter) *Limiter
+	// observeResponse teaches the Protection's name learners from a response
+	// the inner handler computed, and the wildcard origin it reported.
+	observeResponse(m *dns.Msg, wildcard string)
 }
 
 // Handler is middleware for github.com/miekg/dns servers: it lets the inner
@@ -201,6 +204,18 @@ func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		}
 	}
 	h.next.ServeDNS(l, req)
+}
+
+// observe teaches the learners of the limits the Handler's queries are held to
+// from m, a response the inner handler computed, with wildcard the origin it
+// reported ("" for none).
+func (h *Handler) observe(m *dns.Msg, wildcard string) {
+	switch {
+	case h.core != nil:
+		h.core.observeResponse(m, wildcard)
+	case h.limiter != nil:
+		h.limiter.observe(m, wildcard)
+	}
 }
 
 // allowQuery holds a query from src to the request limits of l: at its own address
@@ -650,6 +665,9 @@ func (rw *responseWriter) forward(m *dns.Msg) error {
 // judge decides the fate of m, the first response, and writes accordingly.
 func (rw *responseWriter) judge(m *dns.Msg) error {
 	h := rw.h
+	// What exists is learnt from every response computed, whatever response
+	// rate limiting then does with it (docs/names.md).
+	h.observe(m, rw.wildcard)
 	var act Action
 	var cat AllowanceCategory
 	if rw.udp && rw.cookieResult.Valid() {

@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"testing"
 
@@ -259,5 +260,69 @@ func TestLimiterNamesUpdate(t *testing.T) {
 	}
 	if l.readName(queryBytes(t, "www.victim.test."), &q) {
 		t.Error("names off, yet a name was read")
+	}
+}
+
+// zoneHandler answers from a testZone, reporting wildcard answers as a server does.
+type zoneHandler struct{ z *testZone }
+
+func (h zoneHandler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	m, wild := h.z.answer(req.Question[0].Name, req.Question[0].Qtype)
+	m.Id = req.Id
+	if wild != "" {
+		SetWildcardOrigin(w, wild)
+	}
+	w.WriteMsg(m)
+}
+
+// TestHandlerTeachesNames: the Handler teaches its limiter's learner from every
+// response its inner handler computes, those response rate limiting withholds or
+// slips included, with the wildcard origin reported.
+func TestHandlerTeachesNames(t *testing.T) {
+	cfg := NewConfig()
+	if err := cfg.SetValue("capacity", "auto"); err != nil {
+		t.Fatal(err)
+	}
+	lim, err := newLimiterSeed(cfg, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := newTestZone("www.victim.test.", "mail.victim.test.")
+	h := NewHandler(zoneHandler{z}, NewRRL(fixedConfig(t, "responses-per-second", "1", "all-per-second", "1", "slip-ratio", "2")), withLimiter(lim))
+	w := &fakeWriter{Remote: &net.UDPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 5300}}
+	// Many queries for each name: after the first, RRL withholds or slips them.
+	for range 5 {
+		for _, n := range []string{"nx.victim.test.", "a.wild.victim.test.", "www.victim.test."} {
+			h.ServeDNS(w, query(n, dns.TypeA, false))
+		}
+	}
+	// mail.victim.test. is asked after the network's all-per-second account is
+	// spent: withheld or slipped, never sent, and still learnt.
+	before := h.Stats().Responses[Send]
+	h.ServeDNS(w, query("mail.victim.test.", dns.TypeA, false))
+	h.ServeDNS(w, query("mail.victim.test.", dns.TypeA, false))
+	if h.Stats().Responses[Send] != before {
+		t.Fatal("mail.victim.test. was sent: the test needs it withheld")
+	}
+	ln := lim.names.Load()
+	lr := ln.learner.Load()
+	now := uint64(coarseNanos())
+	for _, tc := range []struct {
+		name, zone, unit string
+		known            bool
+	}{
+		{"www.victim.test.", "victim.test.", "www.victim.test.", true},
+		{"mail.victim.test.", "victim.test.", "mail.victim.test.", true},
+		{"nx.victim.test.", "victim.test.", "victim.test.", false},
+		{"zz.wild.victim.test.", "victim.test.", "wild.victim.test.", false},
+	} {
+		var q qname
+		if !qnameOf(tc.name, ln.seed, &q) {
+			t.Fatal(tc.name)
+		}
+		c := lr.classify(&q, now)
+		if c.known != tc.known || c.zone != nameKeyOf(t, ln.seed, tc.zone) || c.unit != nameKeyOf(t, ln.seed, tc.unit) {
+			t.Errorf("%s: known %v, zone %x unit %x; want %v, %s, %s", tc.name, c.known, c.zone, c.unit, tc.known, tc.zone, tc.unit)
+		}
 	}
 }
