@@ -65,6 +65,8 @@ type capacityRun struct {
 	events  eventBudget
 	// started: the current overload's start was reported (so its stop is too).
 	started bool
+	// names computes the names level (capacity_names.go); the goroutine's own.
+	names *namesController
 }
 
 // startCapacity starts a controller over src for cfg's capacity keyword, sampling
@@ -208,6 +210,9 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 		}
 	}
 	st := ctrl.status()
+	if err == nil {
+		problem = r.stepNames(src, in, st, problem) // capacity_names.go
+	}
 	ev, report := r.event(dec, st, now, cfg)
 	r.mu.Lock()
 	r.status = CapacityStats{
