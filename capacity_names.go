@@ -29,6 +29,9 @@ type namesSource interface {
 	zoneCell(row, col int) (fixed, uint64)
 	// applyNames puts the names level in force (0: none).
 	applyNames(level float64) error
+	// zoneRates appends the named zones whose rate of unknown names is at least
+	// min at now (for events).
+	zoneRates(now int64, min float64, out []zoneRate) []zoneRate
 }
 
 // namesController computes the names level from the samples. Its user serialises
@@ -53,6 +56,19 @@ type namesController struct {
 	written float64
 	// overloadAt is the start of the overload the level belongs to (0: none).
 	overloadAt int64
+	nextEvents int64
+
+	// limiting holds the zones whose random names are limited, reported by an
+	// event (see events), at most maxZoneNames.
+	limiting map[nameKey]zoneEpisode
+	rates    []zoneRate
+}
+
+// zoneEpisode is one zone's random names being limited.
+type zoneEpisode struct {
+	name     string
+	since    int64
+	reported bool // its start was reported, so its stop is too
 }
 
 func newNamesController() *namesController {
@@ -190,6 +206,7 @@ func (r *capacityRun) stepNames(src capacitySource, in capacityInput, st capacit
 		st.overloaded = false // no names level while the judge is off
 	}
 	level, write := r.names.step(in, ns.namesSample(), st, ns.zoneCell)
+	r.names.events(r, ns, in.Now)
 	if write {
 		if math.IsInf(level, 1) {
 			level = 0
@@ -202,4 +219,88 @@ func (r *capacityRun) stepNames(src capacitySource, in capacityInput, st capacit
 		}
 	}
 	return problem
+}
+
+// namesEventEvery is how often the zones are checked for events while a names level
+// is in force: each check reads one sketch cell pair per named zone.
+const namesEventEvery = 200 * time.Millisecond
+
+// events finds the zones whose random names the level in force limits (their rate
+// over it) and those no longer limited, and queues their events on r (limited by
+// events-per-second, as every event): "limit random-subdomain queries under
+// victim.test." when a zone's random names go over the level, "stop" when they fall
+// under half of it or the overload ends.
+func (n *namesController) events(r *capacityRun, ns namesSource, now int64) {
+	r.mu.Lock()
+	cfg := r.cfg
+	r.mu.Unlock()
+	if cfg == nil || cfg.eventFunc == nil {
+		clear(n.limiting)
+		return
+	}
+	if n.limiting == nil {
+		n.limiting = map[nameKey]zoneEpisode{}
+	}
+	if !math.IsInf(n.level, 1) && now >= n.nextEvents {
+		n.nextEvents = now + int64(namesEventEvery)
+		n.rates = ns.zoneRates(now, n.level/2, n.rates[:0])
+		seen := map[nameKey]bool{}
+		for _, z := range n.rates {
+			seen[z.key] = true
+			if _, on := n.limiting[z.key]; on || z.rate <= n.level || len(n.limiting) >= maxZoneNames {
+				continue
+			}
+			ep := zoneEpisode{name: z.name, since: now}
+			ep.reported = r.queueNamesEvent(cfg, LimitEvent{Name: z.name, Limit: n.level, Rate: z.rate}, now)
+			n.limiting[z.key] = ep
+		}
+		for k, ep := range n.limiting {
+			if !seen[k] {
+				n.stop(r, cfg, k, ep, now, 0)
+			}
+		}
+	}
+	if math.IsInf(n.level, 1) {
+		for k, ep := range n.limiting {
+			n.stop(r, cfg, k, ep, now, 0)
+		}
+	}
+}
+
+func (n *namesController) stop(r *capacityRun, cfg *Config, k nameKey, ep zoneEpisode, now int64, rate float64) {
+	delete(n.limiting, k)
+	if ep.reported {
+		r.queueNamesEvent(cfg, LimitEvent{Stop: true, Name: ep.name, Rate: rate, Duration: time.Duration(now - ep.since)}, now)
+	}
+}
+
+// queueNamesEvent queues ev, a names event, for r's step to report, if the events
+// budget allows; it reports whether it did.
+func (r *capacityRun) queueNamesEvent(cfg *Config, ev LimitEvent, now int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.events.take(now) {
+		return false
+	}
+	ev.Time, ev.Account, ev.Node, ev.ReportOnly = time.Now(), AccountNames, NodeNames, cfg.reportOnly
+	r.events.stamp(&ev)
+	r.pendingNames = append(r.pendingNames, ev)
+	return true
+}
+
+// reportNames reports the queued names events, holding no lock (as report).
+func (r *capacityRun) reportNames(fn func(LimitEvent)) {
+	r.mu.Lock()
+	evs := r.pendingNames
+	r.pendingNames = nil
+	r.mu.Unlock()
+	for _, ev := range evs {
+		if fn != nil {
+			r.report(fn, ev)
+		}
+	}
+}
+
+func (g *limiterCapacity) zoneRates(now int64, min float64, out []zoneRate) []zoneRate {
+	return g.l.zoneRates(now, min, out)
 }

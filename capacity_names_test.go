@@ -1,6 +1,7 @@
 package rrl
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/netip"
@@ -81,4 +82,49 @@ func TestNamesControllerShares(t *testing.T) {
 			t.Errorf("victim.test.'s random names: %v passed in a second, want about %v", got, want)
 		}
 	}
+}
+
+// TestNamesEvents: a zone whose random names go over the names level is reported
+// once ("limit random-subdomain queries under victim.test."), a zone under it not
+// at all, and the episode's stop when the overload ends.
+func TestNamesEvents(t *testing.T) {
+	t0 := coarseNanos()
+	l := namesLimiter(t, "on", t0)
+	g := &limiterCapacity{l: l}
+	var got []LimitEvent
+	cfg := NewConfig()
+	cfg.SetValue("capacity", "auto")
+	cfg.SetEventFunc(func(ev LimitEvent) { got = append(got, ev) })
+	r := &capacityRun{cfg: cfg, stop: make(chan struct{})}
+	r.events.perSec = 10
+	rnd := rand.New(rand.NewPCG(5, 6))
+	const total = 5400
+	step := int64(1e9) / total
+	next := t0
+	for i := range 3 * total {
+		now := t0 + int64(i)*step
+		if now >= next {
+			c := l.counts()
+			in := capacityInput{Now: now, Admitted: c.judged[0] + c.judged[1] - c.refused}
+			st := capacityStatus{overloaded: now-t0 < 2e9, capacity: 1000, since: t0}
+			r.stepNames(g, in, st, nil)
+			r.reportNames(cfg.eventFunc)
+			next += int64(capacitySampleEvery)
+		}
+		name := randomLabel(rnd) + ".victim.test."
+		if i%54 == 0 {
+			name = randomLabel(rnd) + ".other.test."
+		}
+		judgeRaw(l, netip.MustParseAddrPort("127.0.0.1:4000"), queryBytes(t, name), now, rnd.Uint32())
+	}
+	if len(got) != 2 || got[0].Stop || !got[1].Stop || got[0].Name != "victim.test." || got[1].Name != "victim.test." {
+		t.Fatalf("events %v, want the start and stop of victim.test.'s", got)
+	}
+	if got[0].Account != AccountNames || got[0].Node != NodeNames || !(got[0].Rate > got[0].Limit) {
+		t.Errorf("start event %+v", got[0])
+	}
+	if s := got[0].String(); s != fmt.Sprintf("limit random-subdomain queries under victim.test., names known to exist served (rate %.4g/s, limit %.4g/s)", got[0].Rate, got[0].Limit) {
+		t.Errorf("String: %s", s)
+	}
+	t.Log(got[0], "; ", got[1])
 }

@@ -453,6 +453,9 @@ func (l *Limiter) Stats() FilterStats {
 		add(nodeTotal, judged[0]+judged[1])
 	}
 	s.Capacity = l.capacity.Load().stats() // capacity_go.go
+	if p.names.on {
+		s.Names = &NameStats{Known: c.namesKnown, Unknown: c.namesUnknown, Limited: c.namesLimited, UnknownPassed: c.unknownPassed, Level: p.names.level}
+	}
 	return s
 }
 

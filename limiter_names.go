@@ -75,6 +75,24 @@ type limiterNames struct {
 	zones   []string // the learner's configured apexes; under mu
 	mu      sync.Mutex
 	sketch  countMin
+	// zoneNames maps the key of every apex seen (configured, or the owner of an
+	// answer's SOA) to its name, for reports: at most maxZoneNames of them.
+	zoneNames sync.Map // nameKey -> string
+	nzones    atomic.Int32
+}
+
+// maxZoneNames bounds the zones a Limiter names in its reports: as many as its
+// learner's apex table holds.
+const maxZoneNames = 1 << apexBucketShift * nameWays
+
+// nameZone records that key is the apex name, unless maxZoneNames are recorded.
+func (ln *limiterNames) nameZone(key nameKey, name string) {
+	if _, ok := ln.zoneNames.Load(key); ok || ln.nzones.Load() >= maxZoneNames {
+		return
+	}
+	if _, loaded := ln.zoneNames.LoadOrStore(key, dns.CanonicalName(name)); !loaded {
+		ln.nzones.Add(1)
+	}
 }
 
 // namesState returns l's names state, making it if p has the names judge on.
@@ -104,6 +122,12 @@ func (ln *limiterNames) setZones(zones []string) {
 	}
 	ln.zones = slices.Clone(zones)
 	ln.learner.Store(lr)
+	var q qname
+	for _, z := range zones {
+		if qnameOf(z, ln.seed, &q) {
+			ln.nameZone(q.name(), z)
+		}
+	}
 }
 
 // readName reads the question of msg, a query as it arrived, into q with l's names
@@ -134,9 +158,44 @@ func (l *Limiter) observe(resp *dns.Msg, wildcard string) {
 
 // observeAt is observe at now, on the clock of the Limiter's judgements.
 func (l *Limiter) observeAt(resp *dns.Msg, wildcard string, now int64) {
-	if ln := l.names.Load(); ln != nil && l.params.Load().names.on {
-		ln.learner.Load().observe(resp, wildcard, uint64(max(now, 0)))
+	ln := l.names.Load()
+	if ln == nil || !l.params.Load().names.on {
+		return
 	}
+	ln.learner.Load().observe(resp, wildcard, uint64(max(now, 0)))
+	for _, rr := range resp.Ns {
+		if soa, ok := rr.(*dns.SOA); ok {
+			var q qname
+			if qnameOf(soa.Hdr.Name, ln.seed, &q) && q.labels > 0 {
+				ln.nameZone(q.name(), soa.Hdr.Name)
+			}
+			break
+		}
+	}
+}
+
+// zoneRate is one named zone's rate of queries for unknown names.
+type zoneRate struct {
+	key  nameKey
+	name string
+	rate float64
+}
+
+// zoneRates appends to out the named zones' rates of queries for unknown names at
+// now, those at least min.
+func (l *Limiter) zoneRates(now int64, min float64, out []zoneRate) []zoneRate {
+	ln := l.names.Load()
+	if ln == nil {
+		return out
+	}
+	t := uint64(max(now, 0))
+	ln.zoneNames.Range(func(k, v any) bool {
+		if r := ln.sketch.rate(mix64(l.mix0^uint64(k.(nameKey))), t).Float64(); r >= min {
+			out = append(out, zoneRate{k.(nameKey), v.(string), r})
+		}
+		return true
+	})
+	return out
 }
 
 // namesVerdict is what the names judge made of a query.
@@ -181,9 +240,4 @@ func (l *Limiter) setNamesLevel(level float64) {
 	p := *old
 	p.applyNamesLevel(level)
 	l.params.Store(&p)
-}
-
-// zoneRate returns the unknown tier's estimated rate of the zone with key zone at t.
-func (ln *limiterNames) zoneRate(seedMix0 uint64, zone nameKey, t uint64) fixed {
-	return ln.sketch.rate(mix64(seedMix0^uint64(zone)), t)
 }
