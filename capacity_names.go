@@ -7,12 +7,19 @@ import (
 
 // The names level (docs/names.md, "The controller"): under an overload the capacity
 // controller's R is what the server can serve; random names (the unknown tier) get
-// what R leaves after everything else that passed, Tu = max(R - other,
-// capacityFloor*R), shared max-min fairly across zones: the level Lz is where the
+// what R leaves after everything else that passed, less a margin, Tu =
+// max((1-namesMargin)*R - other, capacityFloor*R), shared max-min fairly across zones: the level Lz is where the
 // zone sketch's cells, read as the lattice's are (capacityNodes), admit Tu. While no
 // overload is in force the level is none and nothing is limited by name. A
 // namesController runs beside the capacity controller, from its samples and status
 // (capacityRun.step), so that the law in capacity.go is untouched by it.
+
+// namesMargin is the share of R the random names leave unused: what passes the
+// names judge then falls short of what the source limits aim at, which therefore
+// engage only when the rest (existing names from heavy sources) is too much, not on
+// every dip of R's measurement. Larger trims random names harder; smaller lets the
+// source limits trim light sources' real names more often.
+const namesMargin = 0.1
 
 // namesCounts are a names judge's cumulative counters (the kernel's NAMES_*).
 type namesCounts struct {
@@ -104,7 +111,7 @@ func (n *namesController) step(in capacityInput, c namesCounts, st capacityStatu
 			n.read(now, cell, capacityStepEvery)
 		}
 		n.overloadAt = st.since
-		n.target = max(st.capacity-n.other, capacityFloor*st.capacity)
+		n.target = max((1-namesMargin)*st.capacity-n.other, capacityFloor*st.capacity)
 		n.level = math.Inf(1)
 		for _, r := range n.rows {
 			n.level = min(n.level, r.level(n.target))

@@ -326,3 +326,26 @@ func TestHandlerTeachesNames(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkLimiterNames is the Go limiter's cost per query read from the socket,
+// with the names judge off and on (a known name; a random one under a level).
+func BenchmarkLimiterNames(b *testing.B) {
+	src := netip.MustParseAddrPort("127.0.0.1:5300")
+	for _, bc := range []struct {
+		name, names, qname string
+	}{
+		{"names off", "off", "www.victim.test."},
+		{"known name", "on", "www.victim.test."},
+		{"random name", "on", "x7f3k.victim.test."},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			l := namesLimiter(b, bc.names, coarseNanos())
+			l.setNamesLevel(1000)
+			q := queryBytes(b, bc.qname)
+			b.ReportAllocs()
+			for b.Loop() {
+				allowQuery(l, src, false, nil, q)
+			}
+		})
+	}
+}
