@@ -278,7 +278,7 @@ type namesScenario struct {
 // resolvers' users ask existing victim.test. names at 0.2 C in all and the other.test.
 // clients its names at 0.1 C; from floodFrom the resolvers forward random names
 // under parent at 3 C in all (flood false: none).
-func (l *capLive) runNames(t *testing.T, C float64, settings, parent string, flood bool) namesScenario {
+func (l *capLive) runNames(t testing.TB, C float64, settings, parent string, flood bool) namesScenario {
 	const floodFrom, end = 1 * time.Second, 5 * time.Second
 	child, nl := l.startNames(t, settings)
 	w := watchRcvbuf(t, child.cmd.Process.Pid)
@@ -356,7 +356,7 @@ func (l *capLive) runNames(t *testing.T, C float64, settings, parent string, flo
 
 // measureNames returns C of the names server: what it answers per second when
 // saturated with queries for existing names, without limits.
-func (l *capLive) measureNames(t *testing.T) float64 {
+func (l *capLive) measureNames(t testing.TB) float64 {
 	child, _ := l.startNames(t, "filter=off")
 	pool := [][]byte{namesQuery("www.victim.test."), namesQuery("mail.victim.test.")}
 	flows := []loadgen.Flow{{Rate: 20000, End: 2500 * time.Millisecond, Src: spreadNets(), Payload: func(i int) []byte { return pool[i%2] }}}
@@ -426,4 +426,31 @@ func TestLiveNames(t *testing.T) {
 			errorf("without a flood: victim.test. %.4f, other.test. %.4f answered, want every query", got.victim, got.other)
 		}
 	}))
+}
+
+// BenchmarkLiveNames runs the scenario once with the names judge off and once
+// on, Go-only mode, for the figures side by side (docs/names.md): the shares of
+// existing victim.test. and other.test. names answered from 1 s into the flood, and
+// what the server answered, in C. Run it with -benchtime 1x.
+func BenchmarkLiveNames(b *testing.B) {
+	l := newCapLive(b)
+	release, err := testutil.LockLive()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(release)
+	C := l.measureNames(b)
+	for _, parent := range []string{"victim.test.", "wild.victim.test."} {
+		for _, names := range []string{"off", "on"} {
+			b.Run("under "+parent+" names "+names, func(b *testing.B) {
+				var got namesScenario
+				for b.Loop() {
+					got = l.runNames(b, C, "filter=off;capacity=auto;names="+names, parent, true)
+				}
+				b.ReportMetric(100*got.victim, "%victim")
+				b.ReportMetric(100*got.other, "%other")
+				b.ReportMetric(got.answered, "C")
+			})
+		}
+	}
 }
