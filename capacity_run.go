@@ -65,6 +65,10 @@ type capacityRun struct {
 	events  eventBudget
 	// started: the current overload's start was reported (so its stop is too).
 	started bool
+	// names computes the names level (capacity_names.go); the goroutine's own.
+	names *namesController
+	// pendingNames are the names events to report at the end of the step.
+	pendingNames []LimitEvent
 }
 
 // startCapacity starts a controller over src for cfg's capacity keyword, sampling
@@ -208,6 +212,9 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 		}
 	}
 	st := ctrl.status()
+	if err == nil {
+		problem = r.stepNames(src, in, st, problem) // capacity_names.go
+	}
 	ev, report := r.event(dec, st, now, cfg)
 	r.mu.Lock()
 	r.status = CapacityStats{
@@ -232,6 +239,7 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 		// Last, holding no lock: the function may call Stats, Update or Close.
 		r.report(cfg.eventFunc, ev)
 	}
+	r.reportNames(cfg.eventFunc) // capacity_names.go
 }
 
 // event returns the overload event of dec, if there is one to report: a start or a

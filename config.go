@@ -39,6 +39,8 @@ import (
 //	total-requests-per-second RATE  all queries together; 0 (default) off
 //	reflection-ports LIST           source ports dropped unseen ("0 19 123 161 389 1900 11211")
 //	capacity auto|RATE              limit requests only while the server is overloaded
+//	names on|off                    under overload, limit random names by zone first (on)
+//	zones NAME ...                  apexes of the served zones, never forgotten
 //	events-per-second N             limiting events reported per second (10)
 //	cookie-secret SECRET [ACCEPTED] the DNS server cookie secret, 32 hex digits
 type Config struct {
@@ -77,6 +79,13 @@ type Config struct {
 	// capacity controller puts in force (0: none), see limiterParams.initCapacity.
 	capacity float64
 	capLevel float64
+
+	// namesOff is the names keyword turned off (docs/names.md); zones the
+	// configured apexes, lower case and fully qualified. namesLevel is not a
+	// keyword: the names judge's level the controller puts in force (0: none).
+	namesOff   bool
+	zones      []string
+	namesLevel float64
 
 	nowFunc         func() time.Time
 	eventFunc       func(LimitEvent)
@@ -310,6 +319,38 @@ var keywords = []keyword{
 			return checkCapacity(c.capacity)
 		},
 		reset: resetField(func(c *Config) *float64 { return &c.capacity })},
+	{name: "names", example: "off",
+		set: func(c *Config, v string) error {
+			switch strings.ToLower(v) {
+			case "on", "true", "yes":
+				c.namesOff = false
+			case "off", "false", "no":
+				c.namesOff = true
+			default:
+				return errors.New("want on or off")
+			}
+			return nil
+		},
+		get: func(c *Config) (string, bool) {
+			if c.namesOff {
+				return "off", true
+			}
+			return "on", true
+		}},
+	{name: "zones", example: "victim.test. other.test.",
+		set: func(c *Config, v string) error {
+			z, err := parseZones(v)
+			if err == nil {
+				c.zones = z
+			}
+			return err
+		},
+		get: func(c *Config) (string, bool) { return strings.Join(c.zones, " "), len(c.zones) > 0 },
+		check: func(c *Config) error {
+			_, err := parseZones(strings.Join(c.zones, " "))
+			return err
+		},
+		reset: resetField(func(c *Config) *[]string { return &c.zones })},
 	intKeyword("events-per-second", 1, maxEventsPerSecond, func(c *Config) *int { return &c.eventsPerSecond }, "", "100"),
 }
 
@@ -594,6 +635,7 @@ func (c *Config) clone() *Config {
 	d.ipv4Levels = slices.Clone(c.ipv4Levels)
 	d.ipv6Levels = slices.Clone(c.ipv6Levels)
 	d.reflectionPorts = slices.Clone(c.reflectionPorts)
+	d.zones = slices.Clone(c.zones)
 	if c.secrets != nil {
 		cs := *c.secrets
 		if cs.previous != nil {
@@ -899,4 +941,34 @@ func unhex(c byte) (byte, bool) {
 		return c - 'A' + 10, true
 	}
 	return 0, false
+}
+
+// maxZones bounds the zones keyword: the learner's apex table holds 1,024 zones, and
+// configured ones are never evicted.
+const maxZones = 256
+
+// parseZones reads the zones keyword: domain names, space or comma separated, each
+// made lower case and fully qualified; the root, a name with a control character,
+// space or non-ASCII byte, a name that does not pack and a name of more than 63 labels
+// are refused.
+func parseZones(v string) ([]string, error) {
+	fields := splitList(v)
+	if len(fields) > maxZones {
+		return nil, fmt.Errorf("%d zones, at most %d", len(fields), maxZones)
+	}
+	out := make([]string, 0, len(fields))
+	var q qname
+	for _, f := range fields {
+		z := strings.ToLower(f)
+		if !strings.HasSuffix(z, ".") {
+			z += "."
+		}
+		if z == "." || strings.ContainsFunc(z, func(r rune) bool { return r <= ' ' || r >= 0x7f }) || !qnameOf(z, 0, &q) || q.labels > apexDepthMask {
+			return nil, fmt.Errorf("%q is not a zone's name", f)
+		}
+		if !slices.Contains(out, z) {
+			out = append(out, z)
+		}
+	}
+	return out, nil
 }

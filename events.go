@@ -90,6 +90,12 @@ const (
 	// level) or ended (they lifted). Limit is the capacity, Rate the queries
 	// arriving per second.
 	AccountCapacity
+	// AccountNames is the queries for names the server has not answered as
+	// existing (random names) in one zone, Name, in the capacity mode's names
+	// judge (Config keyword names): limited by zone during an overload. Limit is
+	// the zone's limit per second, Rate its random names' arrival rate; Node is
+	// NodeNames.
+	AccountNames
 )
 
 func (k AccountKind) String() string {
@@ -104,6 +110,8 @@ func (k AccountKind) String() string {
 		return "requests-group"
 	case AccountCapacity:
 		return "capacity"
+	case AccountNames:
+		return "names"
 	}
 	return fmt.Sprintf("AccountKind(%d)", uint8(k))
 }
@@ -152,6 +160,8 @@ func (e LimitEvent) what() string {
 		return fmt.Sprintf("requests from %v", e.Network)
 	case AccountCapacity:
 		return "requests to the server's capacity"
+	case AccountNames:
+		return fmt.Sprintf("random-subdomain queries under %s, names known to exist served", e.Name)
 	case AccountAll:
 		return fmt.Sprintf("all responses to %v", e.Network)
 	}

@@ -18,17 +18,17 @@ import (
 // written out here. namesJudgeModel stands in for the Go Limiter's judge until that
 // is merged; the test should then run the Limiter's instead.
 
-// namesVerdict is what the names judge did with a query.
-type namesVerdict int
+// modelNamesVerdict is what the names judge did with a query.
+type modelNamesVerdict int
 
 const (
-	namesNotJudged namesVerdict = iota // the name did not read
-	namesKnown                         // a known name: counted, not limited
-	namesPassed                        // an unknown name it passed
-	namesRefused                       // an unknown name it refused
+	modelNotJudged modelNamesVerdict = iota // the name did not read
+	modelKnown                              // a known name: counted, not limited
+	modelPassed                             // an unknown name it passed
+	modelRefused                            // an unknown name it refused
 )
 
-func (v namesVerdict) String() string {
+func (v modelNamesVerdict) String() string {
 	return [...]string{"not judged", "known", "unknown passed", "unknown refused"}[v]
 }
 
@@ -43,21 +43,21 @@ type namesJudgeModel struct {
 	limit, trip fixed
 }
 
-func (m *namesJudgeModel) judge(msg []byte, now uint64, rnd uint32) namesVerdict {
+func (m *namesJudgeModel) judge(msg []byte, now uint64, rnd uint32) modelNamesVerdict {
 	var q qname
 	if _, e := readQName(msg, m.l.seed, &q); e != nameOK {
-		return namesNotJudged
+		return modelNotJudged
 	}
 	c := m.l.classify(&q, now)
 	if c.known {
-		return namesKnown
+		return modelKnown
 	}
 	n := m.zones.arrive(sketchHash(m.seed, 0, uint64(c.zone)), now)
 	d := bits.RotateLeft32(rnd, 16)
 	if n >= m.trip && fixed(d).Mul(arrivalRate(n)) >= m.limit {
-		return namesRefused
+		return modelRefused
 	}
-	return namesPassed
+	return modelPassed
 }
 
 // namesJudgeRig runs packets through rrl_filter_test with names on at the level
@@ -92,7 +92,7 @@ func newNamesJudgeRig(t testing.TB, limit float64, reportOnly bool) *namesJudgeR
 
 // judge runs msg at now with the draw rnd and returns what the program did, read
 // from the counters it moved, and whether it passed the packet.
-func (r *namesJudgeRig) judge(t testing.TB, msg []byte, v6 bool, now uint64, rnd uint32) (namesVerdict, bool) {
+func (r *namesJudgeRig) judge(t testing.TB, msg []byte, v6 bool, now uint64, rnd uint32) (modelNamesVerdict, bool) {
 	t.Helper()
 	before, err := sumCounters(r.objs.Counters)
 	if err != nil {
@@ -131,22 +131,22 @@ func (r *namesJudgeRig) judge(t testing.TB, msg []byte, v6 bool, now uint64, rnd
 		t.Fatalf("message %x: seen %d, errors %d", msg, d(counterSeen), d(counterError))
 	}
 	moved := [...]uint64{d(counterNamesKnown), d(counterNamesUnknown), d(counterNamesLimited), d(counterNamesUnknownPassed)}
-	var v namesVerdict
+	var v modelNamesVerdict
 	switch moved {
 	case [4]uint64{}:
-		v = namesNotJudged
+		v = modelNotJudged
 	case [4]uint64{1, 0, 0, 0}:
-		v = namesKnown
+		v = modelKnown
 	case [4]uint64{0, 1, 0, 1}:
-		v = namesPassed
+		v = modelPassed
 	case [4]uint64{0, 1, 1, 0}:
-		v = namesRefused
+		v = modelRefused
 	case [4]uint64{0, 1, 1, 1}:
 		// Refused, and passed in report-only mode: counted as both.
 		if d(counterReportOnly) != 1 {
 			t.Fatalf("message %x: names counters %v without report-only", msg, moved)
 		}
-		v = namesRefused
+		v = modelRefused
 	default:
 		t.Fatalf("message %x: names counters (known, unknown, limited, unknown passed) %v", msg, moved)
 	}
@@ -200,7 +200,7 @@ func TestNamesJudgeKernelMatchesModel(t *testing.T) {
 			z := newTestZone("www.victim.test.", "mail.victim.test.", "www.other.test.")
 			z.learn(r.l, start, "www.victim.test.", "mail.victim.test.", "www.other.test.", "nx.other.test.")
 			rng := rand.New(rand.NewPCG(3, uint64(map[bool]int{false: 1, true: 2}[reportOnly])))
-			count := map[string]map[namesVerdict]int{}
+			count := map[string]map[modelNamesVerdict]int{}
 			now := uint64(start)
 			for i := range 4000 {
 				now += uint64(rng.IntN(200_000)) // 10,000 queries per second
@@ -229,11 +229,11 @@ func TestNamesJudgeKernelMatchesModel(t *testing.T) {
 				if got != want {
 					t.Fatalf("query %d (%s %s) at %d, draw %#x: kernel %v, model %v", i, kind, name, now, rnd, got, want)
 				}
-				if pass != (want != namesRefused || reportOnly) {
+				if pass != (want != modelRefused || reportOnly) {
 					t.Fatalf("query %d (%s %s): %v and passed %v", i, kind, name, want, pass)
 				}
 				if count[kind] == nil {
-					count[kind] = map[namesVerdict]int{}
+					count[kind] = map[modelNamesVerdict]int{}
 				}
 				count[kind][want]++
 			}
@@ -242,16 +242,16 @@ func TestNamesJudgeKernelMatchesModel(t *testing.T) {
 			// The stream must have shown every verdict: random names of both zones
 			// limited, known names never.
 			for _, k := range []string{"victim random", "other random"} {
-				if count[k][namesRefused] == 0 || count[k][namesPassed] == 0 {
+				if count[k][modelRefused] == 0 || count[k][modelPassed] == 0 {
 					t.Errorf("%s: %v, want some refused and some passed", k, count[k])
 				}
 			}
 			for _, k := range []string{"victim known", "other known"} {
-				if count[k][namesKnown] == 0 || len(count[k]) != 1 {
+				if count[k][modelKnown] == 0 || len(count[k]) != 1 {
 					t.Errorf("%s: %v, want known only", k, count[k])
 				}
 			}
-			if count["unreadable"][namesNotJudged] == 0 {
+			if count["unreadable"][modelNotJudged] == 0 {
 				t.Errorf("unreadable: %v", count["unreadable"])
 			}
 		})
@@ -267,7 +267,7 @@ func TestNamesJudgeOffUntouched(t *testing.T) {
 	z.learn(r.l, 1<<40, "www.victim.test.")
 	for i := range 200 {
 		name := []string{"www.victim.test.", "r.victim.test."}[i%2]
-		if v, pass := r.judge(t, namesQuery(t, name), false, 1<<40+uint64(i)*1000, uint32(i)); v != namesNotJudged || !pass {
+		if v, pass := r.judge(t, namesQuery(t, name), false, 1<<40+uint64(i)*1000, uint32(i)); v != modelNotJudged || !pass {
 			t.Fatalf("%s with names off: %v, passed %v", name, v, pass)
 		}
 	}

@@ -103,6 +103,26 @@ type FilterStats struct {
 	// off. With it on, a level's Limit is the water level times its factor during
 	// an overload and its static limit otherwise (2^32 for none).
 	Capacity *CapacityStats
+	// Names reports the names judge (Config keyword names, docs/names.md), nil when
+	// it is off.
+	Names *NameStats
+}
+
+// NameStats are the names judge's counters: under overload, queries for names the
+// server has not answered as existing are limited by zone before the source limits.
+type NameStats struct {
+	// Known counts the queries for names the server has answered as existing,
+	// Unknown those for any other name (random names, names under a wildcard,
+	// names not yet learnt); queries whose name could not be read are in neither.
+	Known   uint64 `json:"known"`
+	Unknown uint64 `json:"unknown"`
+	// Limited counts the unknown ones refused by zone (or that would have been,
+	// in report-only mode), UnknownPassed those finally passed.
+	Limited       uint64 `json:"limited"`
+	UnknownPassed uint64 `json:"unknown_passed"`
+	// Level is the limit in force per zone on queries for unknown names, queries
+	// per second; 0 when none (no overload).
+	Level float64 `json:"level"`
 }
 
 // Dropped is the number of packets the filter withheld, for every reason.

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"reflect"
@@ -20,6 +21,9 @@ import (
 // request limits already (in the kernel, or by a server of the Protection).
 type requestGate interface {
 	requestLimiter(w dns.ResponseWriter) *Limiter
+	// observeResponse teaches the Protection's name learners from a response
+	// the inner handler computed, and the wildcard origin it reported.
+	observeResponse(m *dns.Msg, wildcard string)
 }
 
 // Handler is middleware for github.com/miekg/dns servers: it lets the inner
@@ -172,7 +176,7 @@ func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	// The cookie first: a query that proves its address with a valid server
 	// cookie is judged at that address only, as the kernel filter judges it.
-	if limiter != nil && !allowQuery(limiter, src, rw.cookieResult.Valid()) {
+	if limiter != nil && !allowQuery(limiter, src, rw.cookieResult.Valid(), req, nil) {
 		h.limited.Add(1)
 		h.release(rw)
 		return
@@ -202,13 +206,29 @@ func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	h.next.ServeDNS(l, req)
 }
 
+// observe teaches the learners of the limits the Handler's queries are held to
+// from m, a response the inner handler computed, with wildcard the origin it
+// reported ("" for none).
+func (h *Handler) observe(m *dns.Msg, wildcard string) {
+	switch {
+	case h.core != nil:
+		h.core.observeResponse(m, wildcard)
+	case h.limiter != nil:
+		h.limiter.observe(m, wildcard)
+	}
+}
+
 // allowQuery holds a query from src to the request limits of l: at its own address
 // only when proven (a valid server cookie), else at every node.
-func allowQuery(l *Limiter, src netip.AddrPort, proven bool) bool {
-	if proven {
-		return l.allowProven(src)
+// The query's name is judged too when the names judge is on (docs/names.md): read
+// from req when not nil, else from raw, the datagram as read.
+func allowQuery(l *Limiter, src netip.AddrPort, proven bool, req *dns.Msg, raw []byte) bool {
+	var q qname
+	var qp *qname
+	if req != nil && l.readQuestion(req, &q) || raw != nil && l.readName(raw, &q) {
+		qp = &q
 	}
-	return l.Allow(src)
+	return l.decideQueryAt(src, qp, proven, coarseNanos(), rand.Uint32()).Allowed
 }
 
 // allowRaw is allowQuery for a datagram as read, b, whose server cookie it looks
@@ -220,7 +240,7 @@ func (h *Handler) allowRaw(l *Limiter, b []byte, src netip.AddrPort) bool {
 			proven = h.cookies.Verify(c, src.Addr().Unmap(), h.now()).Valid()
 		}
 	}
-	return allowQuery(l, src, proven)
+	return allowQuery(l, src, proven, nil, b)
 }
 
 // release ends rw's lease, so that the inner handler's later calls fail instead of
@@ -645,6 +665,9 @@ func (rw *responseWriter) forward(m *dns.Msg) error {
 // judge decides the fate of m, the first response, and writes accordingly.
 func (rw *responseWriter) judge(m *dns.Msg) error {
 	h := rw.h
+	// What exists is learnt from every response computed, whatever response
+	// rate limiting then does with it (docs/names.md).
+	h.observe(m, rw.wildcard)
 	var act Action
 	var cat AllowanceCategory
 	if rw.udp && rw.cookieResult.Valid() {

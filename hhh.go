@@ -37,8 +37,11 @@ type Limiter struct {
 	events atomic.Pointer[groupTracker] // nil when the Config sets no EventFunc
 	// capacity is the controller setting the water level, for Stats (capacity_go.go).
 	capacity atomic.Pointer[capacityRun]
-	start    time.Time
-	stats    [statShards]statShard
+	// names is the names judge's state (limiter_names.go), nil until a Config
+	// turns it on.
+	names atomic.Pointer[limiterNames]
+	start time.Time
+	stats [statShards]statShard
 
 	updateMu sync.Mutex // serialises Update
 }
@@ -53,6 +56,7 @@ type limiterParams struct {
 	exempt     prefixSet
 	reportOnly bool
 	capacity   capacityParams // capacity.go
+	names      namesParams    // limiter_names.go
 }
 
 // statShards spreads the counters over cache lines so that CPUs judging packets at
@@ -65,7 +69,10 @@ type statShard struct {
 	proven  atomic.Uint64 // passed on a valid server cookie (allowProven)
 	report  atomic.Uint64 // limited, but passed because of report-only
 	limited [numNodes]atomic.Uint64
-	_       [(128 - (5+numNodes)*8%128) % 128]byte // to a multiple of the cache line
+	// The names judge's counts (docs/names.md): queries classified known and
+	// unknown, unknown ones it refused, and unknown ones finally passed.
+	namesKnown, namesUnknown, namesLimited, unknownPassed atomic.Uint64
+	_                                                     [(128 - (9+numNodes)*8%128) % 128]byte // to a multiple of the cache line
 }
 
 // limiterVerdict is the outcome of judging one packet.
@@ -106,6 +113,7 @@ func newLimiterSeed(cfg *Config, seed uint64) (*Limiter, error) {
 	l := &Limiter{seedv: seed, mix0: mix64(seed), mix00: mix64(mix64(seed)), start: time.Now()}
 	l.sketch = new([numNodes]countMin)
 	l.params.Store(p)
+	l.namesState(p)
 	l.events.Store(newGroupTracker(cfg, l))
 	return l, nil
 }
@@ -149,6 +157,7 @@ func newLimiterParams(cfg *Config) (*limiterParams, error) {
 	p.limit[nodeTotal] = fixedFromFloat(cfg.totalRequests)
 	p.name[nodeTotal] = NodeTotal
 	p.initCapacity(cfg) // capacity.go
+	p.initNames(cfg)    // limiter_names.go
 	for n, limit := range p.limit {
 		p.trip[n] = tripCount(limit)
 	}
@@ -168,6 +177,12 @@ func (l *Limiter) Update(cfg *Config) error {
 	defer l.updateMu.Unlock()
 	old := l.params.Load()
 	p.keepLevel(old) // capacity.go: the water level in force stays
+	if p.names.on && old.names.on {
+		p.applyNamesLevel(old.names.level) // and the names level
+	}
+	if ln := l.namesState(p); ln != nil && p.names.on {
+		ln.setZones(p.names.zones)
+	}
 	for n := range numNodes {
 		if old.prefix[n] != p.prefix[n] || old.name[n] != p.name[n] {
 			l.sketch[n].reset()
@@ -210,6 +225,15 @@ func (l *Limiter) allowAt(src netip.AddrPort, now int64, rand uint32) bool {
 // decideAt is allowAt with the full verdict: which node limited the packet. A source
 // that is not a valid address is passed uncounted.
 func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVerdict {
+	return l.decideQueryAt(src, nil, false, now, rand)
+}
+
+// decideQueryAt judges a query from src arriving at now, with rand the packet's draw:
+// its name q (nil: not read; see readName) by the names judge, then the source
+// lattice, at the source's own address only when proven (a valid server cookie). A
+// query the names judge refuses is not counted in the lattice (docs/names.md, "The
+// rule").
+func (l *Limiter) decideQueryAt(src netip.AddrPort, q *qname, proven bool, now int64, rand uint32) limiterVerdict {
 	p := l.params.Load()
 	addr := src.Addr().Unmap()
 	st := &l.stats[rand%statShards]
@@ -220,6 +244,42 @@ func (l *Limiter) decideAt(src netip.AddrPort, now int64, rand uint32) limiterVe
 		st.exempt.Add(1)
 		return limiterVerdict{Allowed: true, Exempt: true, node: -1}
 	}
+	nv := namesNotJudged
+	if q != nil && p.names.on {
+		nv = l.judgeName(p, st, q, uint64(max(now, 0)), rand)
+		if nv == namesRefused {
+			st.judged[familyIndex(addr)].Add(1)
+			st.namesLimited.Add(1)
+			if p.reportOnly {
+				st.report.Add(1)
+				st.unknownPassed.Add(1)
+			}
+			return limiterVerdict{Allowed: p.reportOnly, Limited: NodeNames, node: -1}
+		}
+	}
+	var v limiterVerdict
+	if proven {
+		v = l.provenAt(p, st, src, addr, now, rand)
+	} else {
+		v = l.latticeAt(p, st, src, addr, now, rand)
+	}
+	if nv == namesUnknown && v.Allowed {
+		st.unknownPassed.Add(1)
+	}
+	return v
+}
+
+// familyIndex is 0 for an IPv4 address, 1 for IPv6.
+func familyIndex(addr netip.Addr) int {
+	if addr.Is4() {
+		return 0
+	}
+	return 1
+}
+
+// latticeAt judges a query from src, a valid address that is not exempt, in the
+// source lattice.
+func (l *Limiter) latticeAt(p *limiterParams, st *statShard, src netip.AddrPort, addr netip.Addr, now int64, rand uint32) limiterVerdict {
 	// First the key hashes of the packet's active nodes, in order: its family's
 	// levels, finest first, then the port and total nodes.
 	var hs [maxRequestLevel + 2]uint64
@@ -310,16 +370,11 @@ func (l *Limiter) allowProven(src netip.AddrPort) bool {
 // it passes uncounted; otherwise (a finest level coarser than the address, or no
 // level but the port or total node) it is judged as a query without a cookie.
 func (l *Limiter) decideProvenAt(src netip.AddrPort, now int64, rand uint32) limiterVerdict {
-	p := l.params.Load()
-	addr := src.Addr().Unmap()
-	st := &l.stats[rand%statShards]
-	if !addr.IsValid() {
-		return limiterVerdict{Allowed: true, node: -1}
-	}
-	if !p.exempt.empty() && p.exempt.contains(addr) {
-		st.exempt.Add(1)
-		return limiterVerdict{Allowed: true, Exempt: true, node: -1}
-	}
+	return l.decideQueryAt(src, nil, true, now, rand)
+}
+
+// provenAt is latticeAt for a proven query (see decideProvenAt).
+func (l *Limiter) provenAt(p *limiterParams, st *statShard, src netip.AddrPort, addr netip.Addr, now int64, rand uint32) limiterVerdict {
 	fam, n, bitLen := 0, nodeIPv4First, 32
 	if !addr.Is4() {
 		fam, n, bitLen = 1, nodeIPv6First, 128
@@ -330,7 +385,7 @@ func (l *Limiter) decideProvenAt(src netip.AddrPort, now int64, rand uint32) lim
 		st.proven.Add(1)
 		return limiterVerdict{Allowed: true, node: -1}
 	case p.levels[fam] == 0 || p.prefix[n] != bitLen:
-		return l.decideAt(src, now, rand)
+		return l.latticeAt(p, st, src, addr, now, rand)
 	}
 	st.judged[fam].Add(1)
 	var h uint64
@@ -398,6 +453,9 @@ func (l *Limiter) Stats() FilterStats {
 		add(nodeTotal, judged[0]+judged[1])
 	}
 	s.Capacity = l.capacity.Load().stats() // capacity_go.go
+	if p.names.on {
+		s.Names = &NameStats{Known: c.namesKnown, Unknown: c.namesUnknown, Limited: c.namesLimited, UnknownPassed: c.unknownPassed, Level: p.names.level}
+	}
 	return s
 }
 
@@ -406,7 +464,9 @@ type limiterCounts struct {
 	judged                 [2]uint64 // IPv4, IPv6
 	exempt, proven, report uint64
 	limited                [numNodes]uint64
-	refused                uint64 // the sum of limited
+	refused                uint64 // the sum of limited and namesLimited
+	// The names judge's (statShard).
+	namesKnown, namesUnknown, namesLimited, unknownPassed uint64
 }
 
 // counts sums the Limiter's counters.
@@ -418,6 +478,11 @@ func (l *Limiter) counts() limiterCounts {
 		// before report: read in the other order, no count runs ahead of the one
 		// it is part of while packets are being judged.
 		c.report += sh.report.Load()
+		c.unknownPassed += sh.unknownPassed.Load()
+		c.namesLimited += sh.namesLimited.Load()
+		c.refused += sh.namesLimited.Load()
+		c.namesUnknown += sh.namesUnknown.Load()
+		c.namesKnown += sh.namesKnown.Load()
 		for n := range c.limited {
 			v := sh.limited[n].Load()
 			c.limited[n] += v

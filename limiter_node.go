@@ -20,6 +20,9 @@ const (
 	NodePort LimiterNode = 3 << 8
 	// NodeTotal is all sources together (total-requests-per-second).
 	NodeTotal LimiterNode = 4 << 8
+	// NodeNames is the names judge: queries for names the server has not answered
+	// as existing, limited by zone under overload (docs/names.md).
+	NodeNames LimiterNode = 5 << 8
 )
 
 const (
@@ -41,6 +44,8 @@ func (n LimiterNode) String() string {
 		return "port"
 	case NodeTotal:
 		return "total"
+	case NodeNames:
+		return "names"
 	}
 	return fmt.Sprintf("LimiterNode(%d)", uint16(n))
 }
@@ -68,13 +73,13 @@ func (n *LimiterNode) UnmarshalText(b []byte) error {
 			return nil
 		}
 	}
-	for _, c := range []LimiterNode{NodeNone, NodePort, NodeTotal} {
+	for _, c := range []LimiterNode{NodeNone, NodePort, NodeTotal, NodeNames} {
 		if s == c.String() {
 			*n = c
 			return nil
 		}
 	}
-	return fmt.Errorf("rrl: limiter node %q: not ipv4/N, ipv6/N, port, total or none", s)
+	return fmt.Errorf("rrl: limiter node %q: not ipv4/N, ipv6/N, port, total, names or none", s)
 }
 
 // NodeStats are the settings and counters of one source group level of the request

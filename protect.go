@@ -661,6 +661,14 @@ func (p *Protection) requestLimiter(w dns.ResponseWriter) *Limiter {
 	return p.goLimiter()
 }
 
+// observeResponse teaches the Go limiter's name learner, if the limiter is made,
+// from a response the Handler's inner handler computed (requestGate).
+func (p *Protection) observeResponse(m *dns.Msg, wildcard string) {
+	if l := p.limiter.Load(); l != nil {
+		l.observe(m, wildcard)
+	}
+}
+
 // localOf returns conn's bound address as queries' LocalAddr report it.
 func localOf(conn *net.UDPConn) netip.AddrPort {
 	return localAddrPort(conn.LocalAddr())

@@ -28,6 +28,9 @@ func TestCollectorCapacity(t *testing.T) {
 		"dns_limiter_capacity_water_level":        0,
 		"dns_limiter_capacity_overloads_total":    0,
 		"dns_limiter_capacity_problem":            0,
+		// The names judge, on with the capacity mode: nothing judged yet.
+		"dns_limiter_names_limited_total":            0,
+		"dns_limiter_names_level_queries_per_second": 0,
 	})
 	lint(t, c)
 }

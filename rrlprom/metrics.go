@@ -82,6 +82,7 @@ type Collector struct {
 	lPackets, lExempt, lLimited, lLimit *prometheus.Desc
 
 	fCapacity, lCapacity capacityDescs // capacity.go
+	fNames, lNames       namesDescs    // names.go
 
 	tAccepted, tRefused, tAcceptErrors, tOpen, tClients, tMax *prometheus.Desc
 }
@@ -148,6 +149,7 @@ func NewCollector(namespace string, r *rrl.RRL, opts ...CollectorOption) *Collec
 	c.lLimited = d("limiter", "limited_total", "Packets the Go request limiter refused, by level.", "node")
 	c.lLimit = d("limiter", "limit_packets_per_second", "The Go request limiter's limit per group, by level.", "node")
 	c.fCapacity, c.lCapacity = newCapacityDescs(d, "filter"), newCapacityDescs(d, "limiter")
+	c.fNames, c.lNames = newNamesDescs(d, "filter"), newNamesDescs(d, "limiter")
 
 	c.tAccepted = d("tcp", "accepted_total", "TCP connections accepted.")
 	c.tRefused = d("tcp", "refused_total", "TCP connections reset: client-limit when accepted with the client at its limit, total-limit when evicted for a newcomer at the total limit.", "reason")
@@ -180,6 +182,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	for _, d := range append(c.fCapacity.all(), c.lCapacity.all()...) {
+		ch <- d
+	}
+	for _, d := range append(c.fNames.all(), c.lNames.all()...) {
 		ch <- d
 	}
 }
@@ -241,6 +246,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.lLimit, n.Limit, n.Node.String())
 		}
 		c.lCapacity.collect(st.Capacity, counter, gauge)
+		c.lNames.collect(st.Names, counter, gauge)
 	}
 	if c.tcp != nil {
 		st := c.tcp.Stats()
@@ -304,4 +310,5 @@ func (c *Collector) collectFilter(ch chan<- prometheus.Metric, counter, gauge fu
 	counter(c.fCookieInvalid, float64(st.CookieInvalid))
 	counter(c.fSlipped, float64(st.Slipped))
 	c.fCapacity.collect(st.Capacity, counter, gauge)
+	c.fNames.collect(st.Names, counter, gauge)
 }

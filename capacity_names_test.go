@@ -1,0 +1,130 @@
+package rrl
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+)
+
+// TestNamesControllerShares runs the names controller over a Go Limiter in
+// simulated time: under an overload of R = 1000/s with 300/s of existing names, the
+// random names get the 600/s left under the margin (0.9 R), max-min across zones
+// (other.test.'s 100/s all of it, victim.test.'s 5,000/s the other 500/s), and existing names are never
+// limited. Without the overload nothing is limited and the level is none.
+func TestNamesControllerShares(t *testing.T) {
+	const (
+		capacity = 1000.0
+		known    = 300
+		victim   = 5000
+		other    = 100
+		seconds  = 4
+	)
+	for _, overloaded := range []bool{true, false} {
+		t0 := coarseNanos()
+		l := namesLimiter(t, "on", t0)
+		g := &limiterCapacity{l: l}
+		n := newNamesController()
+		r := rand.New(rand.NewPCG(11, 12))
+		total := known + victim + other
+		step := int64(1e9) / int64(total)
+		nextSample := t0
+		var passed [3]int // known, victim random, other random (last second)
+		var sent [3]int
+		for i := range seconds * total {
+			now := t0 + int64(i)*step
+			if now >= nextSample {
+				c := l.counts()
+				in := capacityInput{Now: now, Admitted: c.judged[0] + c.judged[1] - c.refused, fixed: c.exempt}
+				st := capacityStatus{overloaded: overloaded, capacity: capacity, since: t0}
+				if lv, write := n.step(in, g.namesSample(), st, g.zoneCell); write {
+					if math.IsInf(lv, 1) {
+						lv = 0
+					}
+					g.applyNames(lv)
+				}
+				nextSample += int64(capacitySampleEvery)
+			}
+			kind, name := 0, ""
+			switch x := r.IntN(total); {
+			case x < known:
+				name = []string{"www.victim.test.", "mail.victim.test.", "www.other.test."}[x%3]
+			case x < known+victim:
+				kind, name = 1, randomLabel(r)+".victim.test."
+			default:
+				kind, name = 2, randomLabel(r)+".other.test."
+			}
+			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, byte(r.IntN(200)), 0, 1}), 40000)
+			v := judgeRaw(l, src, queryBytes(t, name), now, r.Uint32())
+			if kind == 0 && !v.Allowed {
+				t.Fatalf("an existing name was limited at %v", now-t0)
+			}
+			if now-t0 >= (seconds-1)*1e9 {
+				sent[kind]++
+				if v.Allowed {
+					passed[kind]++
+				}
+			}
+		}
+		t.Logf("overloaded %v: level %.1f target %.1f; passed in the last second %v of %v", overloaded, n.level, n.target, passed, sent)
+		if !overloaded {
+			if passed != sent || !math.IsInf(n.level, 1) || l.params.Load().names.limit != fixedMax {
+				t.Errorf("no overload: passed %v of %v, level %v", passed, sent, n.level)
+			}
+			continue
+		}
+		if passed[2] < sent[2]*95/100 {
+			t.Errorf("other.test.'s random names: %d of %d passed, want nearly all (under the level)", passed[2], sent[2])
+		}
+		want := (1-namesMargin)*capacity - known - float64(sent[2])
+		if got := float64(passed[1]); got < 0.85*want || got > 1.15*want {
+			t.Errorf("victim.test.'s random names: %v passed in a second, want about %v", got, want)
+		}
+	}
+}
+
+// TestNamesEvents: a zone whose random names go over the names level is reported
+// once ("limit random-subdomain queries under victim.test."), a zone under it not
+// at all, and the episode's stop when the overload ends.
+func TestNamesEvents(t *testing.T) {
+	t0 := coarseNanos()
+	l := namesLimiter(t, "on", t0)
+	g := &limiterCapacity{l: l}
+	var got []LimitEvent
+	cfg := NewConfig()
+	cfg.SetValue("capacity", "auto")
+	cfg.SetEventFunc(func(ev LimitEvent) { got = append(got, ev) })
+	r := &capacityRun{cfg: cfg, stop: make(chan struct{})}
+	r.events.perSec = 10
+	rnd := rand.New(rand.NewPCG(5, 6))
+	const total = 5400
+	step := int64(1e9) / total
+	next := t0
+	for i := range 3 * total {
+		now := t0 + int64(i)*step
+		if now >= next {
+			c := l.counts()
+			in := capacityInput{Now: now, Admitted: c.judged[0] + c.judged[1] - c.refused}
+			st := capacityStatus{overloaded: now-t0 < 2e9, capacity: 1000, since: t0}
+			r.stepNames(g, in, st, nil)
+			r.reportNames(cfg.eventFunc)
+			next += int64(capacitySampleEvery)
+		}
+		name := randomLabel(rnd) + ".victim.test."
+		if i%54 == 0 {
+			name = randomLabel(rnd) + ".other.test."
+		}
+		judgeRaw(l, netip.MustParseAddrPort("127.0.0.1:4000"), queryBytes(t, name), now, rnd.Uint32())
+	}
+	if len(got) != 2 || got[0].Stop || !got[1].Stop || got[0].Name != "victim.test." || got[1].Name != "victim.test." {
+		t.Fatalf("events %v, want the start and stop of victim.test.'s", got)
+	}
+	if got[0].Account != AccountNames || got[0].Node != NodeNames || !(got[0].Rate > got[0].Limit) {
+		t.Errorf("start event %+v", got[0])
+	}
+	if s := got[0].String(); s != fmt.Sprintf("limit random-subdomain queries under victim.test., names known to exist served (rate %.4g/s, limit %.4g/s)", got[0].Rate, got[0].Limit) {
+		t.Errorf("String: %s", s)
+	}
+	t.Log(got[0], "; ", got[1])
+}

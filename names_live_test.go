@@ -1,0 +1,460 @@
+//go:build linux
+
+package rrl
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dnsrake/rrl/internal/loadgen"
+	"github.com/dnsrake/rrl/internal/testutil"
+	"github.com/miekg/dns"
+)
+
+// The names judge, live (docs/names.md): the capped server of the capacity tests
+// (capacity_live_test.go: namespace, CPU quota, C measured), serving victim.test.
+// (with the wildcard *.wild.victim.test.) and other.test. as an authoritative
+// server does: answers for the names that exist, NXDOMAIN with the SOA for the
+// others. 200 resolvers, each in a /16 of its own, forward their users' queries
+// for existing victim.test. names (real sockets that count their answers) and a
+// random-subdomain flood under victim.test. (spoofed from their /16s); 20 clients
+// of other.test. ask its existing names.
+
+const namesChildEnv = "RRL_NAMES_CHILD" // keyword=value;... and filter=off
+
+// namesVictim and namesOther are the existing names of the two zones.
+var (
+	namesVictim = []string{"www", "mail", "ns1", "ns2", "api", "cdn", "shop", "blog", "img", "vpn"}
+	namesOther  = []string{"www", "mail", "ns1", "ns2"}
+)
+
+// namesZoneHandler answers as the authoritative server of victim.test. and
+// other.test.
+func namesZoneHandler() dns.Handler {
+	exists := map[string]bool{}
+	for _, n := range namesVictim {
+		exists[n+".victim.test."] = true
+	}
+	for _, n := range namesOther {
+		exists[n+".other.test."] = true
+	}
+	soa := map[string]dns.RR{}
+	for _, apex := range []string{"victim.test.", "other.test."} {
+		rr, _ := dns.NewRR(apex + " 300 IN SOA ns1." + apex + " hostmaster." + apex + " 1 7200 900 1209600 300")
+		soa[apex] = rr
+	}
+	return dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		m.Authoritative = true
+		name := strings.ToLower(r.Question[0].Name)
+		apex := ""
+		for a := range soa {
+			if dns.IsSubDomain(a, name) {
+				apex = a
+			}
+		}
+		a := func() {
+			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: net.IPv4(192, 0, 2, 1)}}
+		}
+		switch {
+		case apex == "":
+			m.Rcode = dns.RcodeRefused
+		case exists[name]:
+			a()
+		case dns.IsSubDomain("wild.victim.test.", name) && name != "wild.victim.test.":
+			a()
+			SetWildcardOrigin(w, "wild.victim.test.")
+		default:
+			m.Rcode = dns.RcodeNameError
+			m.Ns = []dns.RR{soa[apex]}
+		}
+		w.WriteMsg(m)
+	})
+}
+
+// TestNamesServerChild is the server of the live names tests; it runs only as their
+// child (namesChildEnv set), as TestCapacityServerChild does.
+func TestNamesServerChild(t *testing.T) {
+	spec, ok := os.LookupEnv(namesChildEnv)
+	if !ok {
+		t.Skip("the live names tests' server: it runs only as their child")
+	}
+	cfg := NewConfig()
+	var opts []Option
+	for kv := range strings.SplitSeq(spec, ";") {
+		k, v, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok:
+		case k == "filter" && v == "off":
+			opts = append(opts, WithoutFilter())
+		default:
+			if err := cfg.SetValue(k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	udp, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(capServerAddr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Protect(udp, namesZoneHandler(), cfg, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := p.UDPServer()
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go srv.ActivateAndServe()
+	<-started
+	fmt.Printf("capready %v\n", p.Status())
+	go func() {
+		var b [1]byte
+		os.Stdin.Read(b[:])
+		os.Exit(0)
+	}()
+	out := bufio.NewWriter(os.Stdout)
+	for tick := time.NewTicker(50 * time.Millisecond); ; <-tick.C {
+		st := capStatus{Wall: time.Now().UnixNano()}
+		hs := p.Handler().Stats()
+		for _, n := range hs.Responses[Send] {
+			st.Responses += n
+		}
+		if l := p.Limiter(); l != nil {
+			ls := l.Stats()
+			st.Capacity = ls.Capacity
+			if ls.Names != nil {
+				b, _ := json.Marshal(namesStatus{Wall: st.Wall, Names: *ls.Names, Seen: ls.Seen, Passed: ls.Passed})
+				fmt.Fprintf(out, "namestat %s\n", b)
+			}
+		} else if f := p.Filter(); f != nil {
+			if fs, err := f.Stats(); err == nil {
+				st.Capacity = fs.Capacity
+			}
+		}
+		b, _ := json.Marshal(st)
+		fmt.Fprintf(out, "capstat %s\n", b)
+		out.Flush()
+	}
+}
+
+// namesStatus is a names status line of the server child.
+type namesStatus struct {
+	Wall         int64 `json:"wall"`
+	Names        NameStats
+	Seen, Passed uint64
+}
+
+// namesLog collects a child's names status lines.
+type namesLog struct {
+	mu  sync.Mutex
+	sts []namesStatus
+}
+
+// timeline logs the names judge's counts per quarter second from start.
+func (n *namesLog) timeline(t testing.TB, start time.Time, end time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var b strings.Builder
+	at := func(d time.Duration) (namesStatus, bool) {
+		for _, s := range n.sts {
+			if time.Unix(0, s.Wall).Sub(start) >= d {
+				return s, true
+			}
+		}
+		return namesStatus{}, false
+	}
+	for d := time.Duration(0); d < end; d += 250 * time.Millisecond {
+		a, ok1 := at(d)
+		c, ok2 := at(d + 250*time.Millisecond)
+		if !ok1 || !ok2 {
+			break
+		}
+		secs := float64(c.Wall-a.Wall) / 1e9
+		r := func(x, y uint64) float64 { return float64(y-x) / secs }
+		fmt.Fprintf(&b, "\n  %4.2fs judged %6.0f/s passed %6.0f/s known %6.0f/s unknown %6.0f/s names-limited %6.0f/s unknown passed %6.0f/s names level %7.1f",
+			d.Seconds(), r(a.Seen, c.Seen), r(a.Passed, c.Passed), r(a.Names.Known, c.Names.Known), r(a.Names.Unknown, c.Names.Unknown),
+			r(a.Names.Limited, c.Names.Limited), r(a.Names.UnknownPassed, c.Names.UnknownPassed), c.Names.Level)
+	}
+	t.Log(b.String())
+}
+
+// startNames runs the names server child with settings in l's namespace and cgroup.
+func (l *capLive) startNames(t testing.TB, settings string) (*capChild, *namesLog) {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", l.ns.Name, l.exe, "-test.run=^TestNamesServerChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), namesChildEnv+"="+settings, "GOMAXPROCS=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &capChild{cmd: cmd, stdin: stdin, done: make(chan struct{})}
+	t.Cleanup(c.stop)
+	if err := os.WriteFile(filepath.Join(l.cgroup, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan string, 1)
+	nl := &namesLog{}
+	go func() {
+		defer close(c.done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			if s, ok := strings.CutPrefix(line, "namestat "); ok {
+				var st namesStatus
+				if json.Unmarshal([]byte(s), &st) == nil {
+					nl.mu.Lock()
+					nl.sts = append(nl.sts, st)
+					nl.mu.Unlock()
+				}
+			} else if s, ok := strings.CutPrefix(line, "capstat "); ok {
+				var st capStatus
+				if json.Unmarshal([]byte(s), &st) == nil {
+					c.mu.Lock()
+					c.status = append(c.status, st)
+					c.mu.Unlock()
+				}
+			} else if s, ok := strings.CutPrefix(line, "capready "); ok {
+				ready <- s
+			}
+		}
+	}()
+	select {
+	case s := <-ready:
+		t.Logf("server (%s): %s", settings, s)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the server child did not start")
+	}
+	return c, nl
+}
+
+// liveNameQuery packs a query for name with ID 0.
+func liveNameQuery(name string) []byte {
+	m := new(dns.Msg)
+	m.SetQuestion(name, dns.TypeA)
+	m.Id = 0
+	b, _ := m.Pack()
+	return b
+}
+
+// randomNames returns n queries for distinct random names under parent.
+func randomNames(n int, parent string, seed uint64) [][]byte {
+	out := make([][]byte, n)
+	x := seed
+	for i := range out {
+		x = mix64(x + uint64(i))
+		out[i] = liveNameQuery(fmt.Sprintf("r%011x.%s", x&0xfffffffffff, parent))
+	}
+	return out
+}
+
+// namesScenario is the outcome of one run of the issue's scenario.
+type namesScenario struct {
+	victim, other float64 // shares of existing names answered from 1 s into the flood
+	answered      float64 // server's answers per second then, in C
+}
+
+// runNames runs the scenario against a server with settings: from 0 s to end the
+// resolvers' users ask existing victim.test. names at 0.2 C in all and the other.test.
+// clients its names at 0.1 C; from floodFrom the resolvers forward random names
+// under parent at 3 C in all (flood false: none).
+func (l *capLive) runNames(t testing.TB, C float64, settings, parent string, flood bool) namesScenario {
+	const floodFrom, end = 1 * time.Second, 5 * time.Second
+	child, nl := l.startNames(t, settings)
+	w := watchRcvbuf(t, child.cmd.Process.Pid)
+	var clients []*capClient
+	for k := range 200 {
+		c := l.newClient(t, fmt.Sprintf("victim%d", k), netip.AddrFrom4([4]byte{127, byte(20 + k), 0, 1}), 0.2*C/200, 0, end, false)
+		c.query = liveNameQuery(namesVictim[k%len(namesVictim)] + ".victim.test.")
+		clients = append(clients, c)
+	}
+	for k := range 20 {
+		c := l.newClient(t, fmt.Sprintf("other%d", k), netip.AddrFrom4([4]byte{127, byte(230 + k), 0, 1}), 0.1*C/20, 0, end, false)
+		c.query = liveNameQuery(namesOther[k%len(namesOther)] + ".other.test.")
+		clients = append(clients, c)
+	}
+	var flows []loadgen.Flow
+	for _, c := range clients {
+		flows = append(flows, loadgen.Flow{Name: c.name, Rate: c.rate, Start: c.from, End: c.to, Src: func(int) netip.AddrPort { return netip.AddrPort{} }, Payload: func(i int) []byte {
+			q := append([]byte(nil), c.query...)
+			binary.BigEndian.PutUint16(q, uint16(i))
+			return q
+		}})
+	}
+	if flood {
+		pool := randomNames(1<<16, parent, uint64(time.Now().UnixNano()))
+		flows = append(flows, loadgen.Flow{Rate: 3 * C, Start: floodFrom, End: end,
+			Src: func(i int) netip.AddrPort {
+				k := i % 200
+				return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, byte(20 + k), byte(1 + i/200%200), byte(2 + i%250)}), uint16(1024+(i*7919)%60000))
+			},
+			Payload: func(i int) []byte {
+				q := append([]byte(nil), pool[i%len(pool)]...)
+				binary.BigEndian.PutUint16(q, uint16(i))
+				return q
+			}})
+	}
+	r := &capRun{clients: clients}
+	err := l.ns.Do(func() error {
+		raw, err := loadgen.NewRawSender(l.dst)
+		if err != nil {
+			return err
+		}
+		defer raw.Close()
+		r.start = time.Now()
+		sent, err := loadgen.Pace(r.start, flows, end, time.Millisecond, func(fi int, src netip.AddrPort, payload []byte) error {
+			if fi < len(clients) {
+				_, err := clients[fi].conn.Write(payload)
+				return err
+			}
+			return raw.Send(loadgen.Packet(src, l.dst, payload))
+		})
+		r.sent = sent[:len(clients)]
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	w.stop()
+	sts := child.statuses()
+	child.stop()
+	var out namesScenario
+	from := floodFrom + time.Second
+	if !flood {
+		from = 0
+	}
+	out.victim, _ = r.share(prefixed("victim"), from, end)
+	out.other, _ = r.share(prefixed("other"), from, end)
+	out.answered = answeredRate(sts, r.start, from, end) / C
+	if flood {
+		logTimeline(t, sts, w, r.start, end)
+		nl.timeline(t, r.start, end)
+	}
+	return out
+}
+
+// measureNames returns C of the names server: what it answers per second when
+// saturated with queries for existing names, without limits.
+func (l *capLive) measureNames(t testing.TB) float64 {
+	child, _ := l.startNames(t, "filter=off")
+	pool := [][]byte{liveNameQuery("www.victim.test."), liveNameQuery("mail.victim.test.")}
+	flows := []loadgen.Flow{{Rate: 20000, End: 2500 * time.Millisecond, Src: spreadNets(), Payload: func(i int) []byte { return pool[i%2] }}}
+	var start time.Time
+	err := l.ns.Do(func() error {
+		raw, err := loadgen.NewRawSender(l.dst)
+		if err != nil {
+			return err
+		}
+		defer raw.Close()
+		start = time.Now()
+		_, err = loadgen.Pace(start, flows, 2500*time.Millisecond, time.Millisecond, func(_ int, src netip.AddrPort, payload []byte) error {
+			return raw.Send(loadgen.Packet(src, l.dst, payload))
+		})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the last status lines
+	c := answeredRate(child.statuses(), start, time.Second, 2500*time.Millisecond)
+	child.stop()
+	if !(c > 0) {
+		t.Fatalf("capacity measurement: answered %.0f/s", c)
+	}
+	t.Logf("C = %.0f answered per second when saturated", c)
+	return c
+}
+
+// TestLiveNames runs the issue's scenario against the capped server in the Go-only
+// mode (no eBPF filter; the Go limiter judges in the server's reader) with capacity
+// auto and the names judge on: at least half the existing names of the attacked
+// zone answered from 1 s into the flood (names off: 6-26%), the same with the random
+// names under a wildcard, and without a flood every query answered. The figures with names off are logged beside them.
+func TestLiveNames(t *testing.T) {
+	l := newCapLive(t)
+	release, err := testutil.LockLive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	C := l.measureNames(t)
+	const on, off = "filter=off;capacity=auto", "filter=off;capacity=auto;names=off"
+	for _, tc := range []struct {
+		name, parent string
+	}{
+		{"random names", "victim.test."},
+		{"random names under a wildcard", "wild.victim.test."},
+	} {
+		t.Run(tc.name, retryLive(func(t *testing.T, errorf func(string, ...any)) {
+			if os.Getenv("RRL_NAMES_COMPARE") != "" {
+				was := l.runNames(t, C, off, tc.parent, true)
+				t.Logf("names off: existing victim.test. names %.4f, other.test. %.4f, answered %.2f C", was.victim, was.other, was.answered)
+			}
+			got := l.runNames(t, C, on, tc.parent, true)
+			t.Logf("names on: existing victim.test. names %.4f, other.test. %.4f, answered %.2f C", got.victim, got.other, got.answered)
+			// The issue's bars (99%, 99%, 0.85 C) need the judge in the kernel: in
+			// this mode the flood is read before it is judged, and reading it takes
+			// most of the capped server (docs/names.md, "Figures"); BenchmarkLiveNames
+			// reports them. What the Go judge holds on a loaded machine is most of the
+			// attacked zone's real answers, where names off keeps 6-26%.
+			if got.victim < 0.5 {
+				errorf("existing victim.test. names %.4f answered (want >= 0.5; other.test. %.4f, answered %.2f C)", got.victim, got.other, got.answered)
+			}
+		}))
+	}
+	t.Run("no flood", retryLive(func(t *testing.T, errorf func(string, ...any)) {
+		got := l.runNames(t, C, on, "", false)
+		t.Logf("no flood: existing victim.test. names %.4f, other.test. %.4f", got.victim, got.other)
+		if got.victim < 1 || got.other < 1 {
+			errorf("without a flood: victim.test. %.4f, other.test. %.4f answered, want every query", got.victim, got.other)
+		}
+	}))
+}
+
+// BenchmarkLiveNames runs the issue's scenario once with the names judge off and once
+// on, Go-only mode, for the figures side by side (docs/names.md): the shares of
+// existing victim.test. and other.test. names answered from 1 s into the flood, and
+// what the server answered, in C. Run it with -benchtime 1x.
+func BenchmarkLiveNames(b *testing.B) {
+	l := newCapLive(b)
+	release, err := testutil.LockLive()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(release)
+	C := l.measureNames(b)
+	for _, parent := range []string{"victim.test.", "wild.victim.test."} {
+		for _, names := range []string{"off", "on"} {
+			b.Run("under "+parent+" names "+names, func(b *testing.B) {
+				var got namesScenario
+				for b.Loop() {
+					got = l.runNames(b, C, "filter=off;capacity=auto;names="+names, parent, true)
+				}
+				b.ReportMetric(100*got.victim, "%victim")
+				b.ReportMetric(100*got.other, "%other")
+				b.ReportMetric(got.answered, "C")
+			})
+		}
+	}
+}
