@@ -625,8 +625,12 @@ func (l *capLive) measure(t testing.TB) float64 {
 	return c
 }
 
-// liveAttempts is how often a live scenario runs before its failure counts.
-const liveAttempts = 2
+// liveAttempts is how often a live scenario runs before its failure counts. The
+// controller follows a capped server whose speed swings within its quota's period;
+// about one attempt in five of the one-/24 flood misses the light bar (0.937-0.949
+// seen, bar 0.95) on a quiet machine, so two attempts failed about one full run in
+// twenty. A defect of the mode fails every attempt.
+const liveAttempts = 3
 
 // retryLive runs a live scenario again, up to liveAttempts times, when it reports
 // a failure through errorf; the failures of the last attempt fail the test, the

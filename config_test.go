@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"net/netip"
 	"os"
@@ -337,6 +338,13 @@ var badValues = map[string][]func(c *Config){
 	}},
 	"capacity": {func(c *Config) { c.capacity = -5 }, func(c *Config) { c.capacity = math.NaN() },
 		func(c *Config) { c.capacity = maxRate + 1 }, func(c *Config) { c.capacity = math.Inf(1) }},
+	"zones": {func(c *Config) { c.zones = []string{"."} }, func(c *Config) { c.zones = []string{"bad\x01zone."} },
+		func(c *Config) {
+			c.zones = nil
+			for i := range maxZones + 1 {
+				c.zones = append(c.zones, fmt.Sprintf("z%d.test.", i))
+			}
+		}},
 }
 
 // rateFields are the rates' fields, whose bad values are the same for all.
