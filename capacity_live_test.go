@@ -185,8 +185,17 @@ type capChild struct {
 // cgroup, and returns once it serves.
 func (l *capLive) start(t testing.TB, settings string) *capChild {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", l.ns.Name, l.exe, "-test.run=^TestCapacityServerChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), capChildEnv+"="+settings, "GOMAXPROCS=1")
+	return l.startChild(t, "TestCapacityServerChild", capChildEnv, settings, nil)
+}
+
+// startChild runs the test child named run, its settings in the environment
+// variable env, in the namespace and the cgroup, and returns once it serves. The
+// child's capstat lines go to the capChild's status, and any other line to other
+// (when not nil), from the reading goroutine.
+func (l *capLive) startChild(t testing.TB, run, env, settings string, other func(line string)) *capChild {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", l.ns.Name, l.exe, "-test.run=^"+run+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+settings, "GOMAXPROCS=1")
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -220,6 +229,8 @@ func (l *capLive) start(t testing.TB, settings string) *capChild {
 				}
 			} else if s, ok := strings.CutPrefix(line, "capready "); ok {
 				ready <- s
+			} else if other != nil {
+				other(line)
 			}
 		}
 	}()

@@ -10,9 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -194,57 +191,17 @@ func (n *namesLog) timeline(t testing.TB, start time.Time, end time.Duration) {
 // startNames runs the names server child with settings in l's namespace and cgroup.
 func (l *capLive) startNames(t testing.TB, settings string) (*capChild, *namesLog) {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", l.ns.Name, l.exe, "-test.run=^TestNamesServerChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), namesChildEnv+"="+settings, "GOMAXPROCS=1")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &capChild{cmd: cmd, stdin: stdin, done: make(chan struct{})}
-	t.Cleanup(c.stop)
-	if err := os.WriteFile(filepath.Join(l.cgroup, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan string, 1)
 	nl := &namesLog{}
-	go func() {
-		defer close(c.done)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			line := sc.Text()
-			if s, ok := strings.CutPrefix(line, "namestat "); ok {
-				var st namesStatus
-				if json.Unmarshal([]byte(s), &st) == nil {
-					nl.mu.Lock()
-					nl.sts = append(nl.sts, st)
-					nl.mu.Unlock()
-				}
-			} else if s, ok := strings.CutPrefix(line, "capstat "); ok {
-				var st capStatus
-				if json.Unmarshal([]byte(s), &st) == nil {
-					c.mu.Lock()
-					c.status = append(c.status, st)
-					c.mu.Unlock()
-				}
-			} else if s, ok := strings.CutPrefix(line, "capready "); ok {
-				ready <- s
+	c := l.startChild(t, "TestNamesServerChild", namesChildEnv, settings, func(line string) {
+		if s, ok := strings.CutPrefix(line, "namestat "); ok {
+			var st namesStatus
+			if json.Unmarshal([]byte(s), &st) == nil {
+				nl.mu.Lock()
+				nl.sts = append(nl.sts, st)
+				nl.mu.Unlock()
 			}
 		}
-	}()
-	select {
-	case s := <-ready:
-		t.Logf("server (%s): %s", settings, s)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the server child did not start")
-	}
+	})
 	return c, nl
 }
 
