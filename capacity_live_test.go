@@ -84,6 +84,14 @@ func TestCapacityServerChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serveCapChild(p)
+}
+
+// serveCapChild serves p until the parent closes the child's standard input,
+// printing "capready" once it serves and then, every 50 ms, a "capstat" line (the
+// answers sent, the capacity in force) and, when its Go limiter judges names, a
+// "namestat" line.
+func serveCapChild(p *Protection) {
 	srv := p.UDPServer()
 	started := make(chan struct{})
 	srv.NotifyStartedFunc = func() { close(started) }
@@ -103,13 +111,17 @@ func TestCapacityServerChild(t *testing.T) {
 		for _, n := range hs.Responses[Send] {
 			st.Responses += n
 		}
-		if f := p.Filter(); f != nil {
+		if l := p.Limiter(); l != nil {
+			ls := l.Stats()
+			st.Capacity = ls.Capacity
+			if ls.Names != nil {
+				b, _ := json.Marshal(namesStatus{Wall: st.Wall, Names: *ls.Names, Seen: ls.Seen, Passed: ls.Passed})
+				fmt.Fprintf(out, "namestat %s\n", b)
+			}
+		} else if f := p.Filter(); f != nil {
 			if fs, err := f.Stats(); err == nil {
 				st.Capacity = fs.Capacity
 			}
-		}
-		if l := p.Limiter(); l != nil {
-			st.Capacity = l.Stats().Capacity
 		}
 		b, _ := json.Marshal(st)
 		fmt.Fprintf(out, "capstat %s\n", b)

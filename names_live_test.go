@@ -3,7 +3,6 @@
 package rrl
 
 import (
-	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -111,40 +110,7 @@ func TestNamesServerChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := p.UDPServer()
-	started := make(chan struct{})
-	srv.NotifyStartedFunc = func() { close(started) }
-	go srv.ActivateAndServe()
-	<-started
-	fmt.Printf("capready %v\n", p.Status())
-	go func() {
-		var b [1]byte
-		os.Stdin.Read(b[:])
-		os.Exit(0)
-	}()
-	out := bufio.NewWriter(os.Stdout)
-	for tick := time.NewTicker(50 * time.Millisecond); ; <-tick.C {
-		st := capStatus{Wall: time.Now().UnixNano()}
-		hs := p.Handler().Stats()
-		for _, n := range hs.Responses[Send] {
-			st.Responses += n
-		}
-		if l := p.Limiter(); l != nil {
-			ls := l.Stats()
-			st.Capacity = ls.Capacity
-			if ls.Names != nil {
-				b, _ := json.Marshal(namesStatus{Wall: st.Wall, Names: *ls.Names, Seen: ls.Seen, Passed: ls.Passed})
-				fmt.Fprintf(out, "namestat %s\n", b)
-			}
-		} else if f := p.Filter(); f != nil {
-			if fs, err := f.Stats(); err == nil {
-				st.Capacity = fs.Capacity
-			}
-		}
-		b, _ := json.Marshal(st)
-		fmt.Fprintf(out, "capstat %s\n", b)
-		out.Flush()
-	}
+	serveCapChild(p)
 }
 
 // namesStatus is a names status line of the server child.
