@@ -186,17 +186,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	z, err := openZones(o.zones)
+	if err != nil {
+		fmt.Fprintf(stderr, "authserver: %v\n", err)
+		return 1
+	}
+	if err := servedZones(cfg, o, z); err != nil {
+		fmt.Fprintf(stderr, "authserver: the served zones are learnt from their answers: %v\n", err)
+	}
 	rl, err := newReloader(o.bindFile, cfg, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 2
 	}
 	cfg = rl.cfg
-	z, err := openZones(o.zones)
-	if err != nil {
-		fmt.Fprintf(stderr, "authserver: %v\n", err)
-		return 1
-	}
 	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo, noFilter: o.noFilter, noCookies: o.noCookies})
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
