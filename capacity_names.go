@@ -41,6 +41,14 @@ type namesSource interface {
 	zoneRates(now int64, min float64, out []zoneRate) []zoneRate
 }
 
+// namesTicker is a namesSource whose learner's upkeep (nameLearner.tick: the sweep
+// of dead entries, once per generation) the controller runs at every sample, so
+// that the answer path never does. A source whose learner is the kernel filter's
+// tables implements it the same way, over the learner it feeds.
+type namesTicker interface {
+	tickNames(now int64)
+}
+
 // namesController computes the names level from the samples. Its user serialises
 // calls.
 type namesController struct {
@@ -193,6 +201,12 @@ func (g *limiterCapacity) zoneCell(row, col int) (fixed, uint64) {
 	return ln.sketch[row][col].load()
 }
 
+func (g *limiterCapacity) tickNames(now int64) {
+	if ln := g.l.names.Load(); ln != nil {
+		ln.learner.Load().tick(uint64(max(now, 0)))
+	}
+}
+
 func (g *limiterCapacity) applyNames(level float64) error {
 	g.l.setNamesLevel(level)
 	return nil
@@ -208,6 +222,9 @@ func (r *capacityRun) stepNames(src capacitySource, in capacityInput, st capacit
 	}
 	if r.names == nil {
 		r.names = newNamesController()
+	}
+	if tk, ok := src.(namesTicker); ok {
+		tk.tickNames(in.Now)
 	}
 	if !ns.namesOn() {
 		st.overloaded = false // no names level while the judge is off

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"testing"
+
+	"github.com/miekg/dns"
 )
 
 // TestNamesControllerShares runs the names controller over a Go Limiter in
@@ -127,4 +129,73 @@ func TestNamesEvents(t *testing.T) {
 		t.Errorf("String: %s", s)
 	}
 	t.Log(got[0], "; ", got[1])
+}
+
+// TestNamesSweepInTick: the learner's sweep runs in the capacity controller's
+// tick (capacityRun.stepNames), once per generation, and never on the answer path:
+// answers learnt in a generation whose sweep is due leave the dead entries in place
+// until the controller's next sample clears them.
+func TestNamesSweepInTick(t *testing.T) {
+	t0 := int64(learnT0)
+	l := namesLimiter(t, "on", t0)
+	g := &limiterCapacity{l: l}
+	r := &capacityRun{cfg: NewConfig(), stop: make(chan struct{})}
+	lr := l.names.Load().learner.Load()
+	z := newTestZone()
+	var old []string
+	for i := range 100 {
+		n := fmt.Sprintf("old%d.victim.test.", i)
+		old = append(old, n)
+		z.exists[n] = true
+	}
+	for _, n := range old {
+		m, w := z.answer(n, dns.TypeA)
+		l.observeAt(m, w, t0)
+	}
+	used := func() int {
+		n := 0
+		for i := range lr.names.slots {
+			if lr.names.slots[i].Load() != 0 {
+				n++
+			}
+		}
+		return n
+	}
+	before := used()
+	if before < len(old) {
+		t.Fatalf("%d slots used after learning %d names", before, len(old))
+	}
+	live := lr.names.occupied(uint64(t0), 0)
+	// nameGenLive generations later the names learnt at t0 are dead: the answer
+	// path ignores them but clears nothing.
+	later := t0 + (nameGenLive+1)*genNanos
+	for i := range 1000 {
+		m, w := z.answer(fmt.Sprintf("x%d.victim.test.", i), dns.TypeA) // NXDOMAIN
+		l.observeAt(m, w, later+int64(i))
+	}
+	if n := used(); n != before {
+		t.Fatalf("%d slots used after answers in a later generation, want the %d of before: the answer path swept", n, before)
+	}
+	if n := lr.names.occupied(uint64(later), 0); n != 0 {
+		t.Fatalf("%d live names %d generations on, want 0 (%d at first)", n, nameGenLive+1, live)
+	}
+	step := func(now int64) error {
+		c := l.counts()
+		in := capacityInput{Now: now, Admitted: c.judged[0] + c.judged[1] - c.refused}
+		return r.stepNames(g, in, capacityStatus{}, nil)
+	}
+	if err := step(later); err != nil {
+		t.Fatal(err)
+	}
+	if n := used(); n != 0 {
+		t.Errorf("%d slots used after the controller's sample, want 0: the tick did not sweep", n)
+	}
+	// Once per generation: the same generation's next samples do not sweep again,
+	// the next generation's first one does.
+	if lr.tick(uint64(later + 1)) {
+		t.Error("a second sweep in one generation")
+	}
+	if !lr.tick(uint64(later + genNanos)) {
+		t.Error("no sweep in the next generation")
+	}
 }
