@@ -1,6 +1,7 @@
 package rrl
 
 import (
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -216,13 +217,23 @@ func TestLimiterNamesAllocs(t *testing.T) {
 	b := queryBytes(t, "x7f3k.victim.test.")
 	req := new(dns.Msg)
 	req.SetQuestion("x7f3k.victim.test.", dns.TypeA)
-	for name, f := range map[string]func(){
-		"raw": func() { allowQuery(l, src, false, nil, b) },
-		"msg": func() { allowQuery(l, src, false, req, nil) },
-	} {
-		if n := testing.AllocsPerRun(1000, f); n != 0 {
-			t.Errorf("%s: %v allocations per query", name, n)
+	// First no zone counted, then victim.test.'s names and networks counted
+	// (names_count.go), as while it is limited.
+	for _, counted := range []bool{false, true} {
+		if counted && !l.names.Load().counters.watch(nameKeyOf(t, l.names.Load().seed, "victim.test.")) {
+			t.Fatal("victim.test. not watched")
 		}
+		for name, f := range map[string]func(){
+			"raw": func() { allowQuery(l, src, false, nil, b) },
+			"msg": func() { allowQuery(l, src, false, req, nil) },
+		} {
+			if n := testing.AllocsPerRun(1000, f); n != 0 {
+				t.Errorf("%s (zone counted %v): %v allocations per query", name, counted, n)
+			}
+		}
+	}
+	if n, _, _ := l.names.Load().counters.figures(nameKeyOf(t, l.names.Load().seed, "victim.test.")); math.Round(n) != 1 {
+		t.Errorf("victim.test. counted %v names, want the 1 asked", n)
 	}
 }
 
