@@ -344,14 +344,19 @@ func BenchmarkLimiterNames(b *testing.B) {
 	src := netip.MustParseAddrPort("127.0.0.1:5300")
 	for _, bc := range []struct {
 		name, names, qname string
+		counted            bool // victim.test.'s names and networks counted (names_count.go)
 	}{
-		{"names off", "off", "www.victim.test."},
-		{"known name", "on", "www.victim.test."},
-		{"random name", "on", "x7f3k.victim.test."},
+		{"names off", "off", "www.victim.test.", false},
+		{"known name", "on", "www.victim.test.", false},
+		{"random name", "on", "x7f3k.victim.test.", false},
+		{"random name counted", "on", "x7f3k.victim.test.", true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			l := namesLimiter(b, bc.names, coarseNanos())
 			l.setNamesLevel(1000)
+			if bc.counted {
+				l.names.Load().counters.watch(nameKeyOf(b, l.names.Load().seed, "victim.test."))
+			}
 			q := queryBytes(b, bc.qname)
 			b.ReportAllocs()
 			for b.Loop() {
