@@ -94,8 +94,8 @@ type namesController struct {
 	overloadAt int64
 	nextEvents int64
 
-	// limiting holds the zones whose random names are limited, reported by an
-	// event (see events), at most maxZoneNames.
+	// limiting holds the zones whose random names are limited (see events; their
+	// start is reported once counted for namesCountWindow), at most maxZoneNames.
 	limiting map[nameKey]zoneEpisode
 	rates    []zoneRate
 }

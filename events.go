@@ -61,10 +61,10 @@ type LimitEvent struct {
 	Count uint64
 	// Names and Networks are, for AccountNames, the distinct random names of the
 	// zone and the distinct client networks (ipv4-prefix-length,
-	// ipv6-prefix-length) they came from since limiting started: estimates, within
-	// about 5% (docs/names.md). They are 0 where not known: when the kernel filter
-	// judges names (its program does not count them), or more zones are limited at
-	// once than are counted.
+	// ipv6-prefix-length) they came from since limiting started: estimates with a
+	// standard error of 3.3% (docs/names.md). They are 0 where not known: when the
+	// kernel filter judges names (its program does not count them), or more zones
+	// are limited at once than are counted.
 	Names, Networks int
 	// Duration is how long limiting lasted (Stop only).
 	Duration time.Duration

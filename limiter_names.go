@@ -212,7 +212,9 @@ const (
 
 // judgeName is the names judge of the rule: it classifies q and counts an unknown
 // name in the zone sketch, and refuses it when the draw (rand rotated by 16 bits)
-// is over the zone's limit.
+// is over the zone's limit. While the controller watches the zone of an unknown
+// name (it is being limited), the name's key and the client network of addr are
+// counted for the events' figures (names_count.go).
 func (l *Limiter) judgeName(p *limiterParams, st *statShard, q *qname, addr netip.Addr, t uint64, rand uint32) namesVerdict {
 	ln := l.names.Load()
 	if ln == nil {
