@@ -41,6 +41,35 @@ type namesSource interface {
 	zoneRates(now int64, min float64, out []zoneRate) []zoneRate
 }
 
+// namesTicker is a namesSource whose learner's upkeep (nameLearner.tick: the sweep
+// of dead entries, once per generation) the controller runs at every sample, so
+// that the answer path never does. A source whose learner is the kernel filter's
+// tables implements it the same way, over the learner it feeds.
+type namesTicker interface {
+	tickNames(now int64)
+}
+
+// namesCounter is a namesSource that counts the distinct names and client networks
+// of the zones it is told to watch (names_count.go), for the events' figures. The
+// Go Limiter is one; a source that is not (the kernel filter's, whose program keeps
+// no such counters) has its events say that the figures are not known.
+type namesCounter interface {
+	// watchZone starts counting zone from nothing; false when it cannot (no
+	// room: the zone's events then have no figures).
+	watchZone(zone nameKey) bool
+	// zoneFigures returns the distinct names and networks counted for zone since
+	// watchZone.
+	zoneFigures(zone nameKey) (names, networks float64, ok bool)
+	// releaseZone stops counting zone.
+	releaseZone(zone nameKey)
+}
+
+// namesCountWindow is how long a zone's names and networks are counted before its
+// start is reported, so that the event's figures say something: a zone limited for
+// less is not reported (as the RRL reports an account's start once it has gone on
+// for a second).
+const namesCountWindow = time.Second
+
 // namesController computes the names level from the samples. Its user serialises
 // calls.
 type namesController struct {
@@ -65,8 +94,8 @@ type namesController struct {
 	overloadAt int64
 	nextEvents int64
 
-	// limiting holds the zones whose random names are limited, reported by an
-	// event (see events), at most maxZoneNames.
+	// limiting holds the zones whose random names are limited (see events; their
+	// start is reported once counted for namesCountWindow), at most maxZoneNames.
 	limiting map[nameKey]zoneEpisode
 	rates    []zoneRate
 }
@@ -75,6 +104,8 @@ type namesController struct {
 type zoneEpisode struct {
 	name     string
 	since    int64
+	counted  bool // its names and networks are counted (namesCounter.watchZone)
+	tried    bool // its start was given to the events' budget
 	reported bool // its start was reported, so its stop is too
 }
 
@@ -193,6 +224,12 @@ func (g *limiterCapacity) zoneCell(row, col int) (fixed, uint64) {
 	return ln.sketch[row][col].load()
 }
 
+func (g *limiterCapacity) tickNames(now int64) {
+	if ln := g.l.names.Load(); ln != nil {
+		ln.learner.Load().tick(uint64(max(now, 0)))
+	}
+}
+
 func (g *limiterCapacity) applyNames(level float64) error {
 	g.l.setNamesLevel(level)
 	return nil
@@ -208,6 +245,9 @@ func (r *capacityRun) stepNames(src capacitySource, in capacityInput, st capacit
 	}
 	if r.names == nil {
 		r.names = newNamesController()
+	}
+	if tk, ok := src.(namesTicker); ok {
+		tk.tickNames(in.Now)
 	}
 	if !ns.namesOn() {
 		st.overloaded = false // no names level while the judge is off
@@ -235,14 +275,18 @@ const namesEventEvery = 200 * time.Millisecond
 // events finds the zones whose random names the level in force limits (their rate
 // over it) and those no longer limited, and queues their events on r (limited by
 // events-per-second, as every event): "limit random-subdomain queries under
-// victim.test." when a zone's random names go over the level, "stop" when they fall
-// under half of it or the overload ends.
+// victim.test. (about 3,100 names from about 200 networks)" when a zone's random
+// names have been over the level for namesCountWindow (at once when ns does not
+// count names), "stop" when they fall under half of it or the overload ends.
 func (n *namesController) events(r *capacityRun, ns namesSource, now int64) {
 	r.mu.Lock()
 	cfg := r.cfg
 	r.mu.Unlock()
+	nc, _ := ns.(namesCounter)
 	if cfg == nil || cfg.eventFunc == nil {
-		clear(n.limiting)
+		for k, ep := range n.limiting {
+			n.stop(r, nil, nc, k, ep, now)
+		}
 		return
 	}
 	if n.limiting == nil {
@@ -254,30 +298,56 @@ func (n *namesController) events(r *capacityRun, ns namesSource, now int64) {
 		seen := map[nameKey]bool{}
 		for _, z := range n.rates {
 			seen[z.key] = true
-			if _, on := n.limiting[z.key]; on || z.rate <= n.level || len(n.limiting) >= maxZoneNames {
-				continue
+			ep, on := n.limiting[z.key]
+			if !on {
+				if z.rate <= n.level || len(n.limiting) >= maxZoneNames {
+					continue
+				}
+				ep = zoneEpisode{name: z.name, since: now}
+				ep.counted = nc != nil && nc.watchZone(z.key)
 			}
-			ep := zoneEpisode{name: z.name, since: now}
-			ep.reported = r.queueNamesEvent(cfg, LimitEvent{Name: z.name, Limit: n.level, Rate: z.rate}, now)
+			if !ep.tried && (!ep.counted || now-ep.since >= int64(namesCountWindow)) {
+				ep.tried = true
+				ev := LimitEvent{Name: z.name, Limit: n.level, Rate: z.rate}
+				zoneFigures(&ev, nc, z.key, ep.counted)
+				ep.reported = r.queueNamesEvent(cfg, ev, now)
+			}
 			n.limiting[z.key] = ep
 		}
 		for k, ep := range n.limiting {
 			if !seen[k] {
-				n.stop(r, cfg, k, ep, now, 0)
+				n.stop(r, cfg, nc, k, ep, now)
 			}
 		}
 	}
 	if math.IsInf(n.level, 1) {
 		for k, ep := range n.limiting {
-			n.stop(r, cfg, k, ep, now, 0)
+			n.stop(r, cfg, nc, k, ep, now)
 		}
 	}
 }
 
-func (n *namesController) stop(r *capacityRun, cfg *Config, k nameKey, ep zoneEpisode, now int64, rate float64) {
+// zoneFigures puts the names and networks counted for zone in ev, when counted.
+func zoneFigures(ev *LimitEvent, nc namesCounter, zone nameKey, counted bool) {
+	if !counted {
+		return
+	}
+	if names, nets, ok := nc.zoneFigures(zone); ok {
+		ev.Names, ev.Networks = max(int(math.Round(names)), 1), max(int(math.Round(nets)), 1)
+	}
+}
+
+// stop ends zone k's episode ep: its stop is reported (with the figures of the
+// whole episode) if its start was, and its counters are released.
+func (n *namesController) stop(r *capacityRun, cfg *Config, nc namesCounter, k nameKey, ep zoneEpisode, now int64) {
 	delete(n.limiting, k)
-	if ep.reported {
-		r.queueNamesEvent(cfg, LimitEvent{Stop: true, Name: ep.name, Rate: rate, Duration: time.Duration(now - ep.since)}, now)
+	if ep.reported && cfg != nil {
+		ev := LimitEvent{Stop: true, Name: ep.name, Duration: time.Duration(now - ep.since)}
+		zoneFigures(&ev, nc, k, ep.counted)
+		r.queueNamesEvent(cfg, ev, now)
+	}
+	if ep.counted {
+		nc.releaseZone(k)
 	}
 }
 
@@ -305,6 +375,24 @@ func (r *capacityRun) reportNames(fn func(LimitEvent)) {
 		if fn != nil {
 			r.report(fn, ev)
 		}
+	}
+}
+
+func (g *limiterCapacity) watchZone(zone nameKey) bool {
+	ln := g.l.names.Load()
+	return ln != nil && ln.counters.watch(zone)
+}
+
+func (g *limiterCapacity) zoneFigures(zone nameKey) (names, networks float64, ok bool) {
+	if ln := g.l.names.Load(); ln != nil {
+		return ln.counters.figures(zone)
+	}
+	return 0, 0, false
+}
+
+func (g *limiterCapacity) releaseZone(zone nameKey) {
+	if ln := g.l.names.Load(); ln != nil {
+		ln.counters.release(zone)
 	}
 }
 

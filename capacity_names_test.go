@@ -6,6 +6,9 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"testing"
+	"time"
+
+	"github.com/miekg/dns"
 )
 
 // TestNamesControllerShares runs the names controller over a Go Limiter in
@@ -84,47 +87,177 @@ func TestNamesControllerShares(t *testing.T) {
 	}
 }
 
-// TestNamesEvents: a zone whose random names go over the names level is reported
-// once ("limit random-subdomain queries under victim.test."), a zone under it not
-// at all, and the episode's stop when the overload ends.
+// uncountedNames is a names source that counts no names and networks, as the
+// kernel filter's.
+type uncountedNames struct {
+	capacitySource
+	namesSource
+}
+
+// TestNamesEvents runs the flood over the names controller in simulated
+// time: random names under victim.test. at 54,000 q/s, drawn from 3,100 names, from
+// 200 client networks (/24s, several addresses each), beside other.test.'s random
+// names at 1,000 q/s, with an overload of R = 10,000/s for 2 s. Only victim.test. is
+// limited: its start is reported after namesCountWindow with the names and networks
+// counted within 10% of 3,100 and 200 (distinctCounter's error, TestDistinctCounter),
+// its stop when the overload ends, with the whole episode's figures. A source that
+// does not count (the kernel's) reports the start at once, saying so.
 func TestNamesEvents(t *testing.T) {
-	t0 := coarseNanos()
+	const (
+		total = 54_000 + 1_000
+		names = 3_100
+		nets  = 200
+	)
+	for _, counts := range []bool{true, false} {
+		t.Run(fmt.Sprintf("counted=%v", counts), func(t *testing.T) {
+			t0 := coarseNanos()
+			l := namesLimiter(t, "on", t0)
+			g := &limiterCapacity{l: l}
+			var src capacitySource = g
+			if !counts {
+				src = uncountedNames{g, g}
+			}
+			var got []LimitEvent
+			var at []int64
+			var now int64
+			cfg := NewConfig()
+			cfg.SetValue("capacity", "auto")
+			cfg.SetEventFunc(func(ev LimitEvent) { got, at = append(got, ev), append(at, now-t0) })
+			r := &capacityRun{cfg: cfg, stop: make(chan struct{})}
+			r.events.perSec = 10
+			rnd := rand.New(rand.NewPCG(5, 6))
+			pool := make([][]byte, names)
+			for i := range pool {
+				pool[i] = queryBytes(t, randomLabel(rnd)+".victim.test.")
+			}
+			step := int64(1e9) / total
+			next := t0
+			for i := range 3 * total {
+				now = t0 + int64(i)*step
+				if now >= next {
+					c := l.counts()
+					in := capacityInput{Now: now, Admitted: c.judged[0] + c.judged[1] - c.refused}
+					st := capacityStatus{overloaded: now-t0 < 2e9, capacity: 10_000, since: t0}
+					r.stepNames(src, in, st, nil)
+					r.reportNames(cfg.eventFunc)
+					next += int64(capacitySampleEvery)
+				}
+				n := rnd.IntN(nets)
+				from := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(n >> 8), byte(n), byte(1 + rnd.IntN(4))}), 4000)
+				b := pool[rnd.IntN(names)]
+				if i%55 == 0 {
+					b = queryBytes(t, randomLabel(rnd)+".other.test.")
+				}
+				judgeRaw(l, from, b, now, rnd.Uint32())
+			}
+			if len(got) != 2 || got[0].Stop || !got[1].Stop || got[0].Name != "victim.test." || got[1].Name != "victim.test." {
+				t.Fatalf("events %v, want the start and stop of victim.test.'s", got)
+			}
+			if got[0].Account != AccountNames || got[0].Node != NodeNames || !(got[0].Rate > got[0].Limit) {
+				t.Errorf("start event %+v", got[0])
+			}
+			within := func(v, want int) bool { return math.Abs(float64(v-want)) <= 0.1*float64(want) }
+			if counts {
+				if at[0] < int64(namesCountWindow) {
+					t.Errorf("start reported %v into the flood, before the counting window %v", time.Duration(at[0]), namesCountWindow)
+				}
+				for _, ev := range got {
+					if !within(ev.Names, names) || !within(ev.Networks, nets) {
+						t.Errorf("%v: %d names from %d networks, want %d and %d within 10%%", ev, ev.Names, ev.Networks, names, nets)
+					}
+				}
+				want := fmt.Sprintf("limit random-subdomain queries under victim.test. (about %d names from about %d networks), names known to exist served (rate %.4g/s, limit %.4g/s)",
+					got[0].Names, got[0].Networks, got[0].Rate, got[0].Limit)
+				if s := got[0].String(); s != want {
+					t.Errorf("String: %s\nwant    %s", s, want)
+				}
+			} else {
+				if at[0] >= int64(namesCountWindow) {
+					t.Errorf("start reported %v into the flood: a source that does not count has nothing to wait for", time.Duration(at[0]))
+				}
+				for _, ev := range got {
+					if ev.Names != 0 || ev.Networks != 0 {
+						t.Errorf("%v: %d names from %d networks, want 0 (not known)", ev, ev.Names, ev.Networks)
+					}
+				}
+				want := fmt.Sprintf("limit random-subdomain queries under victim.test. (names and networks not counted), names known to exist served (rate %.4g/s, limit %.4g/s)", got[0].Rate, got[0].Limit)
+				if s := got[0].String(); s != want {
+					t.Errorf("String: %s\nwant    %s", s, want)
+				}
+			}
+			if w := l.names.Load().counters.watched.Load(); w != 0 {
+				t.Errorf("zone counters still watched after the stop: %b", w)
+			}
+			t.Log(got[0], "; ", got[1])
+		})
+	}
+}
+
+// TestNamesSweepInTick: the learner's sweep runs in the capacity controller's
+// tick (capacityRun.stepNames), once per generation, and never on the answer path:
+// answers learnt in a generation whose sweep is due leave the dead entries in place
+// until the controller's next sample clears them.
+func TestNamesSweepInTick(t *testing.T) {
+	t0 := int64(learnT0)
 	l := namesLimiter(t, "on", t0)
 	g := &limiterCapacity{l: l}
-	var got []LimitEvent
-	cfg := NewConfig()
-	cfg.SetValue("capacity", "auto")
-	cfg.SetEventFunc(func(ev LimitEvent) { got = append(got, ev) })
-	r := &capacityRun{cfg: cfg, stop: make(chan struct{})}
-	r.events.perSec = 10
-	rnd := rand.New(rand.NewPCG(5, 6))
-	const total = 5400
-	step := int64(1e9) / total
-	next := t0
-	for i := range 3 * total {
-		now := t0 + int64(i)*step
-		if now >= next {
-			c := l.counts()
-			in := capacityInput{Now: now, Admitted: c.judged[0] + c.judged[1] - c.refused}
-			st := capacityStatus{overloaded: now-t0 < 2e9, capacity: 1000, since: t0}
-			r.stepNames(g, in, st, nil)
-			r.reportNames(cfg.eventFunc)
-			next += int64(capacitySampleEvery)
+	r := &capacityRun{cfg: NewConfig(), stop: make(chan struct{})}
+	lr := l.names.Load().learner.Load()
+	z := newTestZone()
+	var old []string
+	for i := range 100 {
+		n := fmt.Sprintf("old%d.victim.test.", i)
+		old = append(old, n)
+		z.exists[n] = true
+	}
+	for _, n := range old {
+		m, w := z.answer(n, dns.TypeA)
+		l.observeAt(m, w, t0)
+	}
+	used := func() int {
+		n := 0
+		for i := range lr.names.slots {
+			if lr.names.slots[i].Load() != 0 {
+				n++
+			}
 		}
-		name := randomLabel(rnd) + ".victim.test."
-		if i%54 == 0 {
-			name = randomLabel(rnd) + ".other.test."
-		}
-		judgeRaw(l, netip.MustParseAddrPort("127.0.0.1:4000"), queryBytes(t, name), now, rnd.Uint32())
+		return n
 	}
-	if len(got) != 2 || got[0].Stop || !got[1].Stop || got[0].Name != "victim.test." || got[1].Name != "victim.test." {
-		t.Fatalf("events %v, want the start and stop of victim.test.'s", got)
+	before := used()
+	if before < len(old) {
+		t.Fatalf("%d slots used after learning %d names", before, len(old))
 	}
-	if got[0].Account != AccountNames || got[0].Node != NodeNames || !(got[0].Rate > got[0].Limit) {
-		t.Errorf("start event %+v", got[0])
+	live := lr.names.occupied(uint64(t0), 0)
+	// nameGenLive generations later the names learnt at t0 are dead: the answer
+	// path ignores them but clears nothing.
+	later := t0 + (nameGenLive+1)*genNanos
+	for i := range 1000 {
+		m, w := z.answer(fmt.Sprintf("x%d.victim.test.", i), dns.TypeA) // NXDOMAIN
+		l.observeAt(m, w, later+int64(i))
 	}
-	if s := got[0].String(); s != fmt.Sprintf("limit random-subdomain queries under victim.test., names known to exist served (rate %.4g/s, limit %.4g/s)", got[0].Rate, got[0].Limit) {
-		t.Errorf("String: %s", s)
+	if n := used(); n != before {
+		t.Fatalf("%d slots used after answers in a later generation, want the %d of before: the answer path swept", n, before)
 	}
-	t.Log(got[0], "; ", got[1])
+	if n := lr.names.occupied(uint64(later), 0); n != 0 {
+		t.Fatalf("%d live names %d generations on, want 0 (%d at first)", n, nameGenLive+1, live)
+	}
+	step := func(now int64) error {
+		c := l.counts()
+		in := capacityInput{Now: now, Admitted: c.judged[0] + c.judged[1] - c.refused}
+		return r.stepNames(g, in, capacityStatus{}, nil)
+	}
+	if err := step(later); err != nil {
+		t.Fatal(err)
+	}
+	if n := used(); n != 0 {
+		t.Errorf("%d slots used after the controller's sample, want 0: the tick did not sweep", n)
+	}
+	// Once per generation: the same generation's next samples do not sweep again,
+	// the next generation's first one does.
+	if lr.tick(uint64(later + 1)) {
+		t.Error("a second sweep in one generation")
+	}
+	if !lr.tick(uint64(later + genNanos)) {
+		t.Error("no sweep in the next generation")
+	}
 }

@@ -62,3 +62,14 @@ rate-limit {
 	// };
 	// rrl: rate-limit clause, line 3: exempt-clients: "trusted" is not an address or prefix (ACL names, negations, keys and nested lists are not supported)
 }
+
+// A names event says how many random names the limited zone's flood spread over,
+// and from how many client networks, where the limiter counts them (the Go Limiter;
+// not the kernel filter, whose events say so).
+func ExampleLimitEvent_names() {
+	fmt.Println(rrl.LimitEvent{Account: rrl.AccountNames, Name: "victim.test.", Names: 3100, Networks: 200, Rate: 54000, Limit: 2000})
+	fmt.Println(rrl.LimitEvent{Account: rrl.AccountNames, Name: "victim.test.", Rate: 54000, Limit: 2000})
+	// Output:
+	// limit random-subdomain queries under victim.test. (about 3100 names from about 200 networks), names known to exist served (rate 5.4e+04/s, limit 2000/s)
+	// limit random-subdomain queries under victim.test. (names and networks not counted), names known to exist served (rate 5.4e+04/s, limit 2000/s)
+}

@@ -19,7 +19,7 @@ var errNotLinux = fmt.Errorf("rrl: socket filters need Linux: %w", ErrNotSupport
 
 // The Filter API is documented once, in the Linux files (filter_linux.go, attach.go,
 // attach_local.go, filter_pin.go, filter_stats.go, filter_types.go, filter_limited.go,
-// filter_sketches.go, filter_cookies.go, capacity_linux.go). Here every call that would attach, open or read a kernel filter returns errNotLinux, Mode is
+// filter_sketches.go, filter_zones.go, filter_cookies.go, capacity_linux.go). Here every call that would attach, open or read a kernel filter returns errNotLinux, Mode is
 // ModeNone, Config is nil and Close does nothing.
 
 // Filter is the kernel filter, which needs Linux: on this platform no Filter is
@@ -49,3 +49,5 @@ func (f *Filter) RunCapacity(ctx context.Context, conns ...syscall.Conn) error {
 	return errNotLinux
 }
 func (f *Filter) limitedLook() ([]GroupRate, bool, error) { return nil, false, errNotLinux }
+
+func (f *Filter) ZoneRates(names ...string) (*ZoneRates, error) { return nil, errNotLinux }

@@ -246,7 +246,7 @@ func (l *Limiter) decideQueryAt(src netip.AddrPort, q *qname, proven bool, now i
 	}
 	nv := namesNotJudged
 	if q != nil && p.names.on {
-		nv = l.judgeName(p, st, q, uint64(max(now, 0)), rand)
+		nv = l.judgeName(p, st, q, addr, uint64(max(now, 0)), rand)
 		if nv == namesRefused {
 			st.judged[familyIndex(addr)].Add(1)
 			st.namesLimited.Add(1)

@@ -3,6 +3,7 @@ package rrl
 import (
 	"math"
 	"math/bits"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,10 @@ type namesParams struct {
 	limit fixed   // the unknown tier's limit per zone; fixedMax: none
 	trip  fixed   // tripCount(limit)
 	zones []string
+	// netBits are the client networks' prefix lengths, IPv4 and IPv6 (Config
+	// ipv4-prefix-length and ipv6-prefix-length), by which the zone counters
+	// (names_count.go) count the networks a zone's random names come from.
+	netBits [2]int
 }
 
 // initNames sets the names judge up for cfg: on with the capacity mode unless the
@@ -33,6 +38,7 @@ func (p *limiterParams) initNames(cfg *Config) {
 	}
 	p.names.on = true
 	p.names.zones = cfg.zones
+	p.names.netBits = [2]int{cfg.ipv4PrefixLength, cfg.ipv6PrefixLength}
 	p.applyNamesLevel(cfg.namesLevel)
 }
 
@@ -72,6 +78,9 @@ type limiterNames struct {
 	// answer's SOA) to its name, for reports: at most maxZoneNames of them.
 	zoneNames sync.Map // nameKey -> string
 	nzones    atomic.Int32
+	// counters count the distinct names and networks of the zones being limited
+	// (names_count.go), for the events.
+	counters zoneCounters
 }
 
 // maxZoneNames bounds the zones a Limiter names in its reports: as many as its
@@ -203,8 +212,10 @@ const (
 
 // judgeName is the names judge of the rule: it classifies q and counts an unknown
 // name in the zone sketch, and refuses it when the draw (rand rotated by 16 bits)
-// is over the zone's limit.
-func (l *Limiter) judgeName(p *limiterParams, st *statShard, q *qname, t uint64, rand uint32) namesVerdict {
+// is over the zone's limit. While the controller watches the zone of an unknown
+// name (it is being limited), the name's key and the client network of addr are
+// counted for the events' figures (names_count.go).
+func (l *Limiter) judgeName(p *limiterParams, st *statShard, q *qname, addr netip.Addr, t uint64, rand uint32) namesVerdict {
 	ln := l.names.Load()
 	if ln == nil {
 		return namesNotJudged
@@ -215,6 +226,10 @@ func (l *Limiter) judgeName(p *limiterParams, st *statShard, q *qname, t uint64,
 		return namesKnown
 	}
 	st.namesUnknown.Add(1)
+	if s := ln.counters.slot(c.zone); s != nil {
+		s.names.add(uint64(q.name()))
+		s.nets.add(networkHash(addr, p.names.netBits[0], p.names.netBits[1], l.mix0))
+	}
 	cnt := ln.sketch.arrive(mix64(l.mix0^uint64(c.zone)), t)
 	if cnt >= p.names.trip && fixed(bits.RotateLeft32(rand, 16)).Mul(arrivalRate(cnt)) >= p.names.limit {
 		return namesRefused

@@ -1,6 +1,7 @@
 package rrl
 
 import (
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -216,13 +217,23 @@ func TestLimiterNamesAllocs(t *testing.T) {
 	b := queryBytes(t, "x7f3k.victim.test.")
 	req := new(dns.Msg)
 	req.SetQuestion("x7f3k.victim.test.", dns.TypeA)
-	for name, f := range map[string]func(){
-		"raw": func() { allowQuery(l, src, false, nil, b) },
-		"msg": func() { allowQuery(l, src, false, req, nil) },
-	} {
-		if n := testing.AllocsPerRun(1000, f); n != 0 {
-			t.Errorf("%s: %v allocations per query", name, n)
+	// First no zone counted, then victim.test.'s names and networks counted
+	// (names_count.go), as while it is limited.
+	for _, counted := range []bool{false, true} {
+		if counted && !l.names.Load().counters.watch(nameKeyOf(t, l.names.Load().seed, "victim.test.")) {
+			t.Fatal("victim.test. not watched")
 		}
+		for name, f := range map[string]func(){
+			"raw": func() { allowQuery(l, src, false, nil, b) },
+			"msg": func() { allowQuery(l, src, false, req, nil) },
+		} {
+			if n := testing.AllocsPerRun(1000, f); n != 0 {
+				t.Errorf("%s (zone counted %v): %v allocations per query", name, counted, n)
+			}
+		}
+	}
+	if n, _, _ := l.names.Load().counters.figures(nameKeyOf(t, l.names.Load().seed, "victim.test.")); math.Round(n) != 1 {
+		t.Errorf("victim.test. counted %v names, want the 1 asked", n)
 	}
 }
 
@@ -333,14 +344,19 @@ func BenchmarkLimiterNames(b *testing.B) {
 	src := netip.MustParseAddrPort("127.0.0.1:5300")
 	for _, bc := range []struct {
 		name, names, qname string
+		counted            bool // victim.test.'s names and networks counted (names_count.go)
 	}{
-		{"names off", "off", "www.victim.test."},
-		{"known name", "on", "www.victim.test."},
-		{"random name", "on", "x7f3k.victim.test."},
+		{"names off", "off", "www.victim.test.", false},
+		{"known name", "on", "www.victim.test.", false},
+		{"random name", "on", "x7f3k.victim.test.", false},
+		{"random name counted", "on", "x7f3k.victim.test.", true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			l := namesLimiter(b, bc.names, coarseNanos())
 			l.setNamesLevel(1000)
+			if bc.counted {
+				l.names.Load().counters.watch(nameKeyOf(b, l.names.Load().seed, "victim.test."))
+			}
 			q := queryBytes(b, bc.qname)
 			b.ReportAllocs()
 			for b.Loop() {

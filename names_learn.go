@@ -11,12 +11,13 @@ import (
 // (docs/names.md). The per-packet path (nameLearner.classify) only reads; the only
 // writer is nameLearner.observe, fed the responses the server's handler wrote, so a
 // flood of forged queries teaches nothing: an attacker can make the server answer,
-// and it learns what the answers say, which is the truth about the zone. Not yet
-// wired: neither the Handler nor Protect feeds it, and neither the kernel program
-// nor the Limiter classifies with it.
+// and it learns what the answers say, which is the truth about the zone. The
+// Handler and a Protection feed it (handler.go, protect.go); the Go Limiter
+// classifies with it (limiter_names.go), the kernel program with the same tables as
+// BPF maps (filter_names.go).
 //
-// The layout is meant to become two BPF array maps of u64 that the kernel program
-// reads and the Go side writes, so every entry is one 64-bit word:
+// The layout is that of two BPF array maps of u64 that the kernel program reads and
+// the Go side writes, so every entry is one 64-bit word:
 //
 //	bits 63..24  tag: the top 40 bits of the key (0 is made 1; 0 is an empty slot)
 //	bits 23..16  value: for names, flags (exists, wildcard parent) and a hit count;
@@ -27,8 +28,10 @@ import (
 // not refreshed for nameGenLive generations is dead: lookups ignore it and inserts
 // take its place first. Ages are differences of 16-bit generations read as signed,
 // so an entry from a generation ahead (another CPU's clock) is young, and an entry
-// would come back to life after 2^15 generations (13 days); the sweep, run by
-// observe once per generation, clears dead entries long before that.
+// would come back to life after 2^15 generations (13 days); the sweep, run once per
+// generation by the capacity controller's tick (tick, called from capacity_names.go),
+// clears dead entries long before that. Neither observe nor classify sweeps, so a
+// server's answer path never pays for the scan.
 
 const (
 	// nameWays is the number of entries in a bucket.
@@ -311,9 +314,6 @@ func (l *nameLearner) classify(q *qname, now uint64) nameClass {
 // above the name; an answer without one refreshes the known apex above its name, so
 // a zone stays known while the server answers in it.
 func (l *nameLearner) observe(resp *dns.Msg, wildcard string, now uint64) {
-	if g := nameGen(now) + 1; l.sweptGen.Load() != g && l.sweptGen.Swap(g) != g {
-		l.sweep(now)
-	}
 	if !resp.Response || resp.Opcode != dns.OpcodeQuery || len(resp.Question) != 1 {
 		return
 	}
@@ -376,6 +376,17 @@ func (l *nameLearner) mark(k nameKey, flag uint64, now uint64) {
 		hits := min(v>>nameHitShift+1, nameHitMax)
 		return v&(1<<nameHitShift-1) | flag | hits<<nameHitShift
 	})
+}
+
+// tick sweeps the tables once per generation, at the first call of each: the
+// capacity controller calls it at every sample (capacityRun.stepNames), off the
+// query and answer paths. It reports whether it swept.
+func (l *nameLearner) tick(now uint64) bool {
+	if g := nameGen(now) + 1; l.sweptGen.Load() != g && l.sweptGen.Swap(g) != g {
+		l.sweep(now)
+		return true
+	}
+	return false
 }
 
 // sweep clears both tables' dead entries and recomputes the apex depths (an apex

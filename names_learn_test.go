@@ -305,6 +305,7 @@ func TestNameLearnerAges(t *testing.T) {
 	}
 	for g := uint64(1); g <= nameGenLive+1; g++ {
 		now := t0 + g*genNanos
+		l.tick(now) // the controller's tick (capacityRun.stepNames)
 		z.learn(l, now, kept...)
 		for _, n := range old[:10] {
 			c, _ := classifyName(t, l, n, now)

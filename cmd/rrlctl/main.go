@@ -9,7 +9,7 @@
 //	rrlctl stats  -pin DIR [-watch 1s] [-count N] [-json]
 //	rrlctl set    -pin DIR KEYWORD VALUE [KEYWORD VALUE ...]
 //	rrlctl config -pin DIR [-json]
-//	rrlctl top    -pin DIR [-n 20] [-probe ADDR[:PORT],...] [-json]
+//	rrlctl top    -pin DIR [-n 20] [-probe ADDR[:PORT],...] [-zones NAME,...] [-json]
 //	rrlctl attach -pid PID -listen ADDR:PORT [-pin DIR] [-KEYWORD VALUE ...]
 //	rrlctl detach -pid PID -listen ADDR:PORT [-pin DIR] [-unpin]
 //	rrlctl control [-pid PID -listen ADDR:PORT] [-pin DIR] [-interval 250ms]

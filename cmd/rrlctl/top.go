@@ -15,8 +15,8 @@ const maxHeavyCells = 1 << 16
 
 var topCommand = &command{
 	name:    "top",
-	args:    "[-n 20] [-probe ADDR[:PORT],...] [-json]",
-	summary: "show the groups being limited, the heaviest sketch cells, and estimates for given sources",
+	args:    "[-n 20] [-probe ADDR[:PORT],...] [-zones NAME,...] [-json]",
+	summary: "show the groups being limited, the heaviest sketch cells, estimates for given sources, and random names by zone",
 	help: `Show who the request limiter is limiting now, and what its sketches hold.
 
 The filter records the groups it refuses packets of (one refused packet in sixteen,
@@ -36,10 +36,21 @@ each row.
 
 -probe names sources (addresses, or address:port for the source-port level): for
 each, top prints the rate the filter is estimating for every group it belongs to,
-the same number it compares with the limit for that source's next packet.`,
+the same number it compares with the limit for that source's next packet.
+
+Names (the capacity mode's names judge, keyword names): the filter counts queries
+for names the server has not answered as existing (random names) by zone, in a
+sketch of its own, and learns which zones and names exist into two tables. Both
+hold keyed hashes: a zone can be named only when its name is known here, so top
+lists the configured zones (keyword zones), the names given with -zones, and the
+root (".": names under no zone the filter knows), heaviest first, with their
+random names' rates, whether the filter's table holds them as zones, the limit per
+zone in force, and, for the zones it cannot name (learnt from the server's
+answers), the bound the sketch puts on the heaviest of all.`,
 	run: func(c *cli, fs *flag.FlagSet, args []string) error {
 		n := fs.Int("n", 20, "list the `N` heaviest cells of each row of each level (0: none)")
 		probe := fs.String("probe", "", "comma-separated `sources` (ADDR or ADDR:PORT) to estimate")
+		zones := fs.String("zones", "", "comma-separated zone `names` to estimate, beside the configured zones and the root")
 		asJSON := fs.Bool("json", false, "print JSON")
 		if err := c.parseFlags(fs, args); err != nil {
 			return err
@@ -92,6 +103,11 @@ the same number it compares with the limit for that source's next packet.`,
 			}
 			rep.Probes = append(rep.Probes, probeJSON{Source: src.String(), Groups: groups})
 		}
+		names, err := f.ZoneRates(strings.FieldsFunc(*zones, func(r rune) bool { return r == ',' || r == ' ' })...)
+		if err != nil {
+			return err
+		}
+		rep.Names = names
 		if *asJSON {
 			return writeJSON(c.stdout, rep)
 		}
@@ -106,6 +122,7 @@ type topReport struct {
 	Levels  []levelTop       `json:"levels"`
 	Cells   []rrl.SketchCell `json:"cells"`
 	Probes  []probeJSON      `json:"probes"`
+	Names   *rrl.ZoneRates   `json:"names"`
 }
 
 // levelTop summarizes one level's sketch.
@@ -186,6 +203,41 @@ func printTop(c *cli, rep topReport, now time.Time) {
 			fmt.Fprintf(w, "  %-10s %-26s %12.1f %12.6g\n", g.Node, groupName(g.Node, g.Group, g.Port), g.Rate, g.Limit)
 		}
 	}
+	if rep.Names != nil {
+		printNames(c, rep.PinDir, rep.Names)
+	}
+}
+
+// printNames prints the names judge's zones (see the help).
+func printNames(c *cli, pin string, z *rrl.ZoneRates) {
+	w := c.stdout
+	state := "no limit in force"
+	switch {
+	case !z.On:
+		state = "names judge off: the zone sketch counts nothing"
+	case z.Limit > 0:
+		state = fmt.Sprintf("limit %.6g/s per zone", z.Limit)
+	}
+	fmt.Fprintf(w, "\n%s: random names by zone (%s); rates in queries/s\n\n", pin, state)
+	fmt.Fprintf(w, "  %-32s %12s  %s\n", "zone", "rate", "filter's table")
+	for _, zr := range z.Zones {
+		known := "not in the table"
+		switch {
+		case zr.Zone == ".":
+			known = "names under no known zone"
+		case zr.Configured:
+			known = "configured"
+		case zr.Known:
+			known = "learnt"
+		}
+		fmt.Fprintf(w, "  %-32s %12.1f  %s\n", zr.Zone, zr.Rate, known)
+	}
+	fmt.Fprintf(w, "\n  zone sketch: heaviest zone at most %.1f/s, %d busy cells", z.Heaviest, z.BusyCells)
+	if z.Limit > 0 {
+		fmt.Fprintf(w, ", %d over the limit", z.OverLimit)
+	}
+	fmt.Fprintf(w, "\n  tables: %d zones (%d configured), %d names known to exist\n", z.Apexes, z.ConfiguredApexes, z.Names)
+	fmt.Fprintln(w, "  zones learnt from answers are held as hashes: only configured zones, -zones names and the root are named")
 }
 
 // groupName spells a source group: its prefix, or its port at the port level.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"net"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/dnsrake/rrl"
 	"github.com/dnsrake/rrl/internal/loadgen"
+	"github.com/miekg/dns"
 )
 
 // TestTopLimitedGroups floods a socket attached through pins from a /24 of many
@@ -123,5 +125,97 @@ func TestTopLimitedGroups(t *testing.T) {
 	}
 	if !strings.Contains(text, "groups limited now") || !strings.Contains(text, "not addresses") {
 		t.Errorf("top: limited groups and sketch summary expected:\n%s", text)
+	}
+}
+
+// TestTopNames sends random names under three zones through a socket attached to a
+// pinned filter loaded with the capacity mode and victim.test. configured, and runs
+// top with -zones: it lists the configured zone, the names given and the root with
+// the zone sketch's estimates, what the filter's tables hold, and says that zones
+// learnt from answers cannot be named. With the names judge on in the settings the
+// program loads, the rates stand in the ratio sent (victim.test.'s random names
+// under the configured zone are counted under the root while the kernel's table
+// does not hold it); with it off, top says so and every rate is 0.
+func TestTopNames(t *testing.T) {
+	pin := filepath.Join(bpffs(t), "rrl")
+	if code, out, errOut := rrlctl("load", "-pin", pin, "-capacity", "auto", "-zones", "victim.test."); code != exitOK {
+		t.Fatalf("load: exit %d: %s%s", code, out, errOut)
+	}
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	f, err := rrl.AttachPinned(conn, pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	client, err := net.DialUDP("udp4", nil, conn.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	for i := range 600 {
+		zone := []string{"victim.test.", "victim.test.", "other.test."}[i%3]
+		m := new(dns.Msg)
+		m.SetQuestion(fmt.Sprintf("r%d.%s", i, zone), dns.TypeA)
+		b, err := m.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, jsonOut, errOut := rrlctl("top", "-pin", pin, "-n", "0", "-zones", "other.test.,Nowhere.Test", "-json")
+	_, text, _ := rrlctl("top", "-pin", pin, "-n", "0", "-zones", "other.test.")
+	var rep topReport
+	if code != exitOK || json.Unmarshal([]byte(jsonOut), &rep) != nil || rep.Names == nil {
+		t.Fatalf("top -json: exit %d: %s%s", code, jsonOut, errOut)
+	}
+	t.Logf("top:\n%s", text)
+	zones := map[string]rrl.ZoneRate{}
+	for _, z := range rep.Names.Zones {
+		zones[z.Zone] = z
+	}
+	for _, z := range []string{"victim.test.", "other.test.", "nowhere.test.", "."} {
+		if _, ok := zones[z]; !ok {
+			t.Errorf("top -json does not list %s: %+v", z, rep.Names.Zones)
+		}
+	}
+	if len(rep.Names.Zones) != 4 {
+		t.Errorf("top -json lists %d zones, want 4: %+v", len(rep.Names.Zones), rep.Names.Zones)
+	}
+	switch v, root := zones["victim.test."], zones["."]; {
+	case rep.Names.On && v.Known:
+		// The configured zone is in the kernel's table: its 400 random names
+		// count under it, other.test.'s 200 under the root.
+		if ratio := v.Rate / root.Rate; !v.Configured || math.Abs(ratio-2) > 0.4 || rep.Names.Heaviest < v.Rate {
+			t.Errorf("names on: %+v, heaviest %v", rep.Names.Zones, rep.Names.Heaviest)
+		}
+	case rep.Names.On:
+		// No process fed the kernel's table: every zone counts under the
+		// root, which holds all 600.
+		if root.Rate <= 0 || v.Rate > root.Rate/10 || rep.Names.Heaviest < root.Rate {
+			t.Errorf("names on: %+v, heaviest %v", rep.Names.Zones, rep.Names.Heaviest)
+		}
+	default:
+		for _, z := range rep.Names.Zones {
+			if z.Rate != 0 || z.Known {
+				t.Errorf("names off: %+v counted or known", z)
+			}
+		}
+		if rep.Names.BusyCells != 0 || !strings.Contains(text, "names judge off") {
+			t.Errorf("names off: %d busy cells; text:\n%s", rep.Names.BusyCells, text)
+		}
+	}
+	for _, want := range []string{"random names by zone", "victim.test.", "other.test.", "names under no known zone", "zone sketch: heaviest zone at most", "names known to exist", "held as hashes"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("top does not say %q:\n%s", want, text)
+		}
+	}
+	if code, _, errOut := rrlctl("top", "-pin", pin, "-zones", "bad..name"); code == exitOK || !strings.Contains(errOut, "not a domain name") {
+		t.Errorf("top -zones bad..name: exit %d: %s", code, errOut)
 	}
 }

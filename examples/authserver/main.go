@@ -14,7 +14,8 @@
 // -zone next to it (see zones.go), and a query goes to the zone with the longest
 // origin that holds its name. Every rrl configuration keyword is a flag of its own name
 // (-responses-per-second 5, -slip-ratio 2, -report-only, ...); only the flags given
-// are applied. -bind-rate-limit FILE applies a BIND rate-limit clause on top of them,
+// are applied, except -zones, which defaults to the served origins (the zones the
+// capacity mode's names judge knows from the start). -bind-rate-limit FILE applies a BIND rate-limit clause on top of them,
 // re-read on SIGHUP (see reload.go). DNS server cookies are on (-cookies=false turns
 // them off): a resolver that echoes its server cookie is judged at its own address
 // by the request limits, wherever they run, and its answers are not rate limited;
@@ -186,17 +187,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	z, err := openZones(o.zones)
+	if err != nil {
+		fmt.Fprintf(stderr, "authserver: %v\n", err)
+		return 1
+	}
+	if err := servedZones(cfg, o, z); err != nil {
+		fmt.Fprintf(stderr, "authserver: the served zones are learnt from their answers: %v\n", err)
+	}
 	rl, err := newReloader(o.bindFile, cfg, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)
 		return 2
 	}
 	cfg = rl.cfg
-	z, err := openZones(o.zones)
-	if err != nil {
-		fmt.Fprintf(stderr, "authserver: %v\n", err)
-		return 1
-	}
 	srv, err := startServer(serverConfig{listen: o.listen, zone: z, cfg: cfg, tcpConns: o.tcpConns, metrics: o.metrics, log: stderr, observe: o.demo, noFilter: o.noFilter, noCookies: o.noCookies})
 	if err != nil {
 		fmt.Fprintf(stderr, "authserver: %v\n", err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/dnsrake/rrl"
 	"github.com/miekg/dns"
 )
 
@@ -107,6 +108,30 @@ func (s *zoneSet) origins() string {
 		names[i] = z.origin
 	}
 	return strings.Join(names, ", ")
+}
+
+// servedZones gives cfg the zones of s as its zones keyword (the apexes the names
+// judge knows from the start and never forgets, docs/names.md), unless the operator
+// set zones with a flag of o; a -bind-rate-limit file, applied over cfg, may still set
+// them. The root is left out (the keyword refuses it: a zone of its own is the
+// default). The error is the keyword's: the zones are then learnt from the server's
+// answers, as without the keyword.
+func servedZones(cfg *rrl.Config, o *options, s *zoneSet) error {
+	for _, kv := range o.settings {
+		if kv[0] == "zones" {
+			return nil
+		}
+	}
+	var names []string
+	for _, z := range s.zones {
+		if z.origin != "." {
+			names = append(names, z.origin)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return cfg.SetValue("zones", strings.Join(names, " "))
 }
 
 // pick returns the zone that answers name (lower case, fully qualified) for

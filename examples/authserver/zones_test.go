@@ -179,3 +179,57 @@ func TestOpenZonesErrors(t *testing.T) {
 		t.Errorf("no -zone: %v, %v; want the embedded example.test.", zs, err)
 	}
 }
+
+// TestServedZones checks that the served origins become the zones keyword unless
+// the operator sets it, and that a -bind-rate-limit file still may.
+func TestServedZones(t *testing.T) {
+	p := writeZones(t, map[string]string{"victim": victimZone, "child": childZone, "other": otherZone})
+	several := []string{"-zone", p["victim"], "-origin", "victim.test", "-zone", p["child"], "-zone", p["other"], "-origin", "other.test."}
+	for _, tc := range []struct {
+		name string
+		args []string
+		bind string // a -bind-rate-limit clause applied over the flags, "" for none
+		want string // the zones keyword in force, "" for unset
+	}{
+		{"embedded zone", nil, "", "example.test."},
+		{"several zones", several, "", "victim.test. child.victim.test. other.test."},
+		{"the operator's zones", append([]string{"-zones", "Other.Test"}, several...), "", "other.test."},
+		{"the operator's empty zones", append([]string{"-zones", ""}, several...), "", ""},
+		{"a file without zones", several, "rate-limit { responses-per-second 5; };", "victim.test. child.victim.test. other.test."},
+		{"a file's zones", several, "rate-limit { zones \"victim.test\"; };", "victim.test."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseFlags(tc.args, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := rrl.NewConfig()
+			for _, kv := range o.settings {
+				if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			zs, err := openZones(o.zones)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := servedZones(cfg, o, zs); err != nil {
+				t.Fatal(err)
+			}
+			if tc.bind != "" {
+				if cfg, err = rrl.ParseBINDRateLimit(tc.bind, cfg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := ""
+			for _, kv := range cfg.Values() {
+				if kv[0] == "zones" {
+					got = kv[1]
+				}
+			}
+			if got != tc.want {
+				t.Errorf("zones %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
