@@ -166,6 +166,11 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	for _, v := range sum[counterLimited0 : counterLimited0+numLimited] {
 		limited += v
 	}
+	// What the names judge refused is limited too (as the Go Limiter's refused
+	// counts it): Admitted is what passed both judges, so that the names
+	// controller's "other" (Admitted, fixed, less the random names passed) is what
+	// the server read besides random names.
+	limited += sum[counterNamesLimited]
 	stateless := sum[counterDropUnfollowed] + sum[counterDropShort] + sum[counterDropResponse] + sum[counterDropReflection]
 	in.Now = now
 	in.Demand = sum[counterSeen] - stateless
