@@ -151,10 +151,18 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 		k.followPins()
 	}
 	var socks []queueSocket
+	owned := map[socketID]bool{}
 	for _, s := range f.ownedSockets() {
 		socks = append(socks, queueSocket{key: s.id, conn: s.conn})
+		owned[s.id] = true
 	}
 	for i, c := range k.watched {
+		// A socket given to RunCapacity that this Filter is attached to itself (a
+		// server running its pins' controller) is read once: read twice, its
+		// drops (the program's included) would count twice as overflows.
+		if id, err := identify(c); err == nil && owned[id] {
+			continue
+		}
 		socks = append(socks, queueSocket{key: watchedKey(i), conn: c})
 	}
 	in := k.queues.read(socks)

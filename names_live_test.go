@@ -3,6 +3,7 @@
 package rrl
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/dnsrake/rrl/internal/loadgen"
 	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 )
 
 // The names judge, live (docs/names.md): the capped server of the capacity tests
@@ -90,17 +92,35 @@ func TestNamesServerChild(t *testing.T) {
 	}
 	cfg := NewConfig()
 	var opts []Option
+	pinned := false
 	for kv := range strings.SplitSeq(spec, ";") {
 		k, v, ok := strings.Cut(kv, "=")
 		switch {
 		case !ok:
 		case k == "filter" && v == "off":
 			opts = append(opts, WithoutFilter())
+		case k == "pin" && v == "on":
+			pinned = true
 		default:
 			if err := cfg.SetValue(k, v); err != nil {
 				t.Fatal(err)
 			}
 		}
+	}
+	if pinned {
+		// The filter loaded and pinned first (rrlctl load's step), the server
+		// attached to the pins, the controller run by the server (RunCapacity).
+		// The bpffs is mounted in the child's own mount namespace (ip netns exec
+		// makes one), so it goes with the child.
+		const mnt = "/sys/fs/bpf"
+		if err := unix.Mount("bpf", mnt, "bpf", 0, "mode=0700"); err != nil {
+			t.Fatalf("mount bpffs: %v", err)
+		}
+		dir := mnt + "/rrl-names"
+		if err := LoadPinned(cfg, dir, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		opts = append(opts, WithPinned(dir))
 	}
 	udp, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(capServerAddr)))
 	if err != nil {
@@ -109,6 +129,9 @@ func TestNamesServerChild(t *testing.T) {
 	p, err := Protect(udp, namesZoneHandler(), cfg, opts...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if pinned {
+		go p.Filter().RunCapacity(context.Background(), udp)
 	}
 	serveCapChild(p)
 }
@@ -313,16 +336,20 @@ func (l *capLive) measureNames(t testing.TB) float64 {
 }
 
 // namesModes are the modes the live names tests run the server in: the Go-only
-// mode (no eBPF filter; the Go limiter judges in the server's reader) and the eBPF
-// mode (the names judge in the kernel, taught by the Handler's answers).
+// mode (no eBPF filter; the Go limiter judges in the server's reader), the eBPF
+// mode (the names judge in the kernel, taught by the Handler's answers), and the
+// pinned mode (the same filter loaded and pinned first, the server attached to the
+// pins, teaching the pinned tables, and running the pins' controller).
 var namesModes = []struct{ name, settings string }{
 	{"go", "filter=off;"},
 	{"ebpf", ""},
+	{"pinned", "pin=on;"},
 }
 
 // TestLiveNames runs the scenario against the capped server with capacity
 // auto and the names judge on, in each mode (namesModes, one measured C for both;
-// the eBPF mode's wildcard variant is BenchmarkLiveNames's):
+// the kernel modes' wildcard variants are BenchmarkLiveNames's, and the pinned mode
+// runs the flood under victim.test. only):
 // at least half the existing names of the attacked zone answered from 1 s into the
 // flood (names off: 6-26% in the Go-only mode), the same with the random names under
 // a wildcard, and without a flood every query answered. The figures with names off
@@ -345,11 +372,11 @@ func TestLiveNames(t *testing.T) {
 				{"random names", "victim.test."},
 				{"random names under a wildcard", "wild.victim.test."},
 			} {
-				if mode.name == "ebpf" && tc.parent != "victim.test." {
+				if mode.name != "go" && tc.parent != "victim.test." {
 					// The kernel's wildcard classification is the Go one's bit for
-					// bit (TestNamesJudgeKernelMatchesLimiter); the eBPF mode's run
-					// under the wildcard is BenchmarkLiveNames's, to keep the
-					// suite's time.
+					// bit (TestNamesJudgeKernelMatchesLimiter); the kernel modes'
+					// runs under the wildcard are BenchmarkLiveNames's, to keep
+					// the suite's time.
 					continue
 				}
 				t.Run(tc.name, retryLive(func(t *testing.T, errorf func(string, ...any)) {
@@ -370,6 +397,9 @@ func TestLiveNames(t *testing.T) {
 						errorf("existing victim.test. names %.4f answered (want >= 0.5; other.test. %.4f, answered %.2f C)", got.victim, got.other, got.answered)
 					}
 				}))
+			}
+			if mode.name == "pinned" {
+				return // the same program and settings as the eBPF mode's: no flood is its
 			}
 			t.Run("no flood", retryLive(func(t *testing.T, errorf func(string, ...any)) {
 				got := l.runNames(t, C, on, "", false)
