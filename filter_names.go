@@ -100,6 +100,9 @@ func (t *kernelNameTables) close() error {
 // takes the read lock only; closing the tables takes the write lock, so no
 // response is learnt into memory that is no longer mapped.
 type filterNames struct {
+	// on: responses are learnt (the Config has names on, or the filter is
+	// pinned); the tables stay mapped while it is off.
+	on      atomic.Bool
 	mu      sync.RWMutex
 	tables  *kernelNameTables
 	learner *nameLearner
@@ -122,10 +125,11 @@ func (f *Filter) namesUpdated() {
 	if f.mode != ModeEBPF || f.objs == nil || f.closing {
 		return
 	}
-	if f.pin == nil && !namesOnIn(f.cfg) {
-		return // the tables stay mapped once made: turning names off stops nothing
-	}
 	n := &f.names
+	n.on.Store(f.pin != nil || namesOnIn(f.cfg))
+	if !n.on.Load() {
+		return // tables mapped before stay mapped, unused
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	zones := f.cfg.zones
@@ -161,6 +165,9 @@ func (f *Filter) observe(resp *dns.Msg, wildcard string) {
 		return
 	}
 	n := &f.names
+	if !n.on.Load() {
+		return
+	}
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	if n.learner == nil {
@@ -191,6 +198,7 @@ func (n *filterNames) nameZone(key nameKey, name string) {
 // closeNames unmaps f's names tables, once no response is being learnt.
 func (f *Filter) closeNames() error {
 	n := &f.names
+	n.on.Store(false)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.learner = nil

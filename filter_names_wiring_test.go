@@ -246,3 +246,46 @@ func TestKernelNamesSource(t *testing.T) {
 		}
 	}
 }
+
+// TestFilterNamesOffLearnsNothing: a Filter whose Config turns names off keeps its
+// tables but learns nothing more from responses; turned on again it learns.
+func TestFilterNamesOffLearnsNothing(t *testing.T) {
+	requireBPF(t)
+	cfg := NewConfig()
+	if err := cfg.SetValue("capacity", "auto"); err != nil {
+		t.Fatal(err)
+	}
+	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+	f, err := Attach(srv.conn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z := newTestZone("www.victim.test.", "mail.victim.test.")
+	known := func(name string) bool {
+		f.names.mu.RLock()
+		defer f.names.mu.RUnlock()
+		lr := f.names.learner
+		var q qname
+		if !qnameOf(name, lr.seed, &q) {
+			t.Fatal(name)
+		}
+		return lr.classify(&q, uint64(monotonicNow())).known
+	}
+	for _, c := range []struct {
+		names, name string
+		learnt      bool
+	}{{"off", "www.victim.test.", false}, {"on", "mail.victim.test.", true}} {
+		if err := cfg.SetValue("names", c.names); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		m, wild := z.answer(c.name, dns.TypeA)
+		f.observe(m, wild)
+		if got := known(c.name); got != c.learnt {
+			t.Errorf("names %s: %s known %v, want %v", c.names, c.name, got, c.learnt)
+		}
+	}
+}
