@@ -60,6 +60,7 @@ func Attach(conn syscall.Conn, cfg *Config) (*Filter, error) {
 	if loadErr == nil {
 		f.mu.Lock()
 		f.capacityUpdated() // capacity_linux.go
+		f.namesUpdated()    // filter_names.go
 		f.mu.Unlock()
 		return f, nil
 	}
@@ -210,6 +211,7 @@ func (f *Filter) Update(cfg *Config) error {
 	}
 	f.cfg = cfg.withoutSecrets()
 	f.capacityUpdated() // capacity_linux.go
+	f.namesUpdated()    // filter_names.go
 	return nil
 }
 
@@ -296,6 +298,9 @@ func (f *Filter) close(detach bool) error {
 		}
 	}
 	f.sockets = nil
+	if err := f.closeNames(); err != nil { // filter_names.go
+		errs = append(errs, err)
+	}
 	if f.objs != nil {
 		errs = append(errs, f.objs.Close())
 		f.objs = nil

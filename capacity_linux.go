@@ -71,7 +71,7 @@ func (f *Filter) capacityUpdated() {
 		r.update(f.cfg)
 	case r != nil:
 		r.halt()
-		f.capacity.run, f.capacity.level = nil, 0
+		f.capacity.run, f.capacity.level, f.capacity.namesLevel = nil, 0, 0
 	}
 }
 
@@ -113,6 +113,8 @@ type kernelCapacity struct {
 	watched []syscall.Conn
 	gen     uint64
 	rewrite bool
+	// namesRewrite: as rewrite, for the names level (takeNamesRewrite).
+	namesRewrite bool
 
 	queues queueWatch
 	mem    *ebpf.Memory
@@ -125,6 +127,10 @@ type kernelCapacity struct {
 	params  *limiterParams
 	cfg     *Config // params is latticeOf(cfg)
 	cellsS  capacityScratch
+	// The names judge's (capacity_kernel_names.go): its counters as sample read
+	// them, and the zone sketch's cells as zoneCell read them last.
+	namesCounts namesCounts
+	zoneBlock   []byte
 }
 
 // mine reports whether k's controller is still its Filter's. f.mu is held.
@@ -145,10 +151,18 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 		k.followPins()
 	}
 	var socks []queueSocket
+	owned := map[socketID]bool{}
 	for _, s := range f.ownedSockets() {
 		socks = append(socks, queueSocket{key: s.id, conn: s.conn})
+		owned[s.id] = true
 	}
 	for i, c := range k.watched {
+		// A socket given to RunCapacity that this Filter is attached to itself (a
+		// server running its pins' controller) is read once: read twice, its
+		// drops (the program's included) would count twice as overflows.
+		if id, err := identify(c); err == nil && owned[id] {
+			continue
+		}
 		socks = append(socks, queueSocket{key: watchedKey(i), conn: c})
 	}
 	in := k.queues.read(socks)
@@ -160,6 +174,11 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	for _, v := range sum[counterLimited0 : counterLimited0+numLimited] {
 		limited += v
 	}
+	// What the names judge refused is limited too (as the Go Limiter's refused
+	// counts it): Admitted is what passed both judges, so that the names
+	// controller's "other" (Admitted, fixed, less the random names passed) is what
+	// the server read besides random names.
+	limited += sum[counterNamesLimited]
 	stateless := sum[counterDropUnfollowed] + sum[counterDropShort] + sum[counterDropResponse] + sum[counterDropReflection]
 	in.Now = now
 	in.Demand = sum[counterSeen] - stateless
@@ -168,6 +187,7 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	in.Overflow = k.queues.account(subFloor(sum[counterSeen], sum[counterPassed]))
 	// What entered the queues: read, or still queued (QueuedPackets).
 	in.Served = subFloor(sum[counterPassed], in.Overflow)
+	k.namesCounts = namesCountsOf(&sum) // capacity_kernel_names.go
 	return in, nil
 }
 
@@ -178,27 +198,8 @@ func (k *kernelCapacity) nodes(now int64) []capacityNode {
 	if !k.mine() {
 		return nil
 	}
-	if k.mem == nil && k.ro == nil {
-		cells := f.objs.Cells
-		if k.cellsRW != nil {
-			cells = k.cellsRW
-		}
-		mem, err := cells.Memory()
-		if err != nil {
-			// The kernel maps a bpf map only through a descriptor opened for
-			// writing (a read-only file loses VM_SHARED, which it requires):
-			// without one, read the whole sketch by batches.
-			if k.ro, err = readCellsBatch(f.objs.Cells, k.ro); err != nil {
-				return nil // unreadable: no node, so no water level
-			}
-			k.batch = true
-		}
-		k.mem, k.cells = mem, make([]byte, sketchDepth*sketchWidth*cellBytes)
-	} else if k.batch {
-		var err error
-		if k.ro, err = readCellsBatch(f.objs.Cells, k.ro); err != nil {
-			return nil
-		}
+	if !k.readCells() {
+		return nil // unreadable: no node, so no water level
 	}
 	if k.cfg != f.cfg {
 		k.cfg, k.params = f.cfg, latticeOf(f.cfg)
@@ -222,6 +223,35 @@ func (k *kernelCapacity) nodes(now int64) []capacityNode {
 		return fixed(binary.NativeEndian.Uint64(c)), binary.NativeEndian.Uint64(c[8:])
 	}
 	return k.params.capacityNodes(uint64(now), read, &k.cellsS)
+}
+
+// readCells makes the cells readable, through the memory map or, without one, by
+// reading them all now by batches; false when they cannot be read. f.mu is held.
+func (k *kernelCapacity) readCells() bool {
+	f := k.f
+	if k.mem == nil && k.ro == nil {
+		cells := f.objs.Cells
+		if k.cellsRW != nil {
+			cells = k.cellsRW
+		}
+		mem, err := cells.Memory()
+		if err != nil {
+			// The kernel maps a bpf map only through a descriptor opened for
+			// writing (a read-only file loses VM_SHARED, which it requires):
+			// without one, read the whole sketch by batches.
+			if k.ro, err = readCellsBatch(f.objs.Cells, k.ro); err != nil {
+				return false
+			}
+			k.batch = true
+		}
+		k.mem, k.cells = mem, make([]byte, sketchDepth*sketchWidth*cellBytes)
+	} else if k.batch {
+		var err error
+		if k.ro, err = readCellsBatch(f.objs.Cells, k.ro); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 func (k *kernelCapacity) apply(level float64) error {
@@ -426,7 +456,7 @@ func (f *Filter) startPinnedCapacity(conns []syscall.Conn) (*capacityRun, *kerne
 	}
 	// A level a controller that died left behind goes now, with the stored Config.
 	f.refreshPinnedConfig()
-	f.capacity.level = 0
+	f.capacity.level, f.capacity.namesLevel = 0, 0
 	if err := f.writeSettings(f.cfg); err != nil {
 		lock.Close()
 		return nil, nil, nil, fmt.Errorf("rrl: run capacity controller: %w", err)
@@ -457,8 +487,8 @@ func (f *Filter) liftPinnedLevel() error {
 	}
 	f.capacity.published = false
 	var err error
-	if f.capacity.level > 0 {
-		f.capacity.level = 0
+	if f.capacity.level > 0 || f.capacity.namesLevel > 0 {
+		f.capacity.level, f.capacity.namesLevel = 0, 0
 		f.refreshPinnedConfig()
 		if err = f.writeSettings(f.cfg); err != nil {
 			err = fmt.Errorf("rrl: capacity: lift the water level: %w", err)
@@ -486,6 +516,9 @@ func (k *kernelCapacity) followPins() {
 	}
 	if f.capacity.level > 0 {
 		k.rewrite = true
+	}
+	if f.capacity.namesLevel > 0 {
+		k.namesRewrite = true
 	}
 }
 

@@ -89,8 +89,8 @@ func TestCapacityServerChild(t *testing.T) {
 
 // serveCapChild serves p until the parent closes the child's standard input,
 // printing "capready" once it serves and then, every 50 ms, a "capstat" line (the
-// answers sent, the capacity in force) and, when its Go limiter judges names, a
-// "namestat" line.
+// answers sent, the capacity in force) and, when its eBPF filter or else its Go
+// limiter judges names, a "namestat" line.
 func serveCapChild(p *Protection) {
 	srv := p.UDPServer()
 	started := make(chan struct{})
@@ -111,17 +111,16 @@ func serveCapChild(p *Protection) {
 		for _, n := range hs.Responses[Send] {
 			st.Responses += n
 		}
-		if l := p.Limiter(); l != nil {
-			ls := l.Stats()
-			st.Capacity = ls.Capacity
-			if ls.Names != nil {
-				b, _ := json.Marshal(namesStatus{Wall: st.Wall, Names: *ls.Names, Seen: ls.Seen, Passed: ls.Passed})
-				fmt.Fprintf(out, "namestat %s\n", b)
-			}
-		} else if f := p.Filter(); f != nil {
-			if fs, err := f.Stats(); err == nil {
-				st.Capacity = fs.Capacity
-			}
+		var fs FilterStats
+		if f := p.Filter(); f != nil && f.Mode() == ModeEBPF {
+			fs, _ = f.Stats()
+		} else if l := p.Limiter(); l != nil {
+			fs = l.Stats()
+		}
+		st.Capacity = fs.Capacity
+		if fs.Names != nil {
+			b, _ := json.Marshal(namesStatus{Wall: st.Wall, Names: *fs.Names, Seen: fs.Seen, Passed: fs.Passed})
+			fmt.Fprintf(out, "namestat %s\n", b)
 		}
 		b, _ := json.Marshal(st)
 		fmt.Fprintf(out, "capstat %s\n", b)
@@ -191,6 +190,7 @@ type capChild struct {
 	mu     sync.Mutex
 	status []capStatus
 	done   chan struct{}
+	ready  string // the server's Status when it started serving
 }
 
 // start runs a server with settings (keyword=value;...) in the namespace and the
@@ -249,6 +249,7 @@ func (l *capLive) startChild(t testing.TB, run, env, settings string, other func
 	select {
 	case s := <-ready:
 		t.Logf("server (%s): %s", settings, s)
+		c.ready = s
 	case <-time.After(20 * time.Second):
 		t.Fatal("the server child did not start")
 	}

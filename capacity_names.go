@@ -252,6 +252,9 @@ func (r *capacityRun) stepNames(src capacitySource, in capacityInput, st capacit
 	if !ns.namesOn() {
 		st.overloaded = false // no names level while the judge is off
 	}
+	if rw, ok := src.(interface{ takeNamesRewrite() bool }); ok && rw.takeNamesRewrite() && !math.IsInf(r.names.written, 1) {
+		r.names.written = -1 // another process's write lifted the level: write it again
+	}
 	level, write := r.names.step(in, ns.namesSample(), st, ns.zoneCell)
 	r.names.events(r, ns, in.Now)
 	if write {

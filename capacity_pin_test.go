@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -164,5 +165,48 @@ func TestPinnedRunCapacity(t *testing.T) {
 				t.Errorf("capacity after the controller stopped: %+v", c)
 			}
 		})
+	}
+}
+
+// TestPinnedCapacityOwnSocketOnce: a server running its pins' controller over the
+// socket it attached to the pins (RunCapacity(ctx, conn) after AttachPinned(conn))
+// has that socket's queue read once, not twice: read twice, every drop (the
+// program's included) counted twice as an overflow, and R stayed at its floor.
+func TestPinnedCapacityOwnSocketOnce(t *testing.T) {
+	e := newPinEnv(t)
+	dir := filepath.Join(e.mnt, "rrl")
+	loadPinnedForTest(t, dir, "1", 0, 0)
+	srv, f := attachPinnedServer(t, dir)
+	other := newUDPServer(t, "udp4", "127.0.0.1:0")
+	r := &capacityRun{}
+	k := &kernelCapacity{f: f, run: r, pinned: true, watched: []syscall.Conn{srv.conn, other.conn}}
+	f.mu.Lock()
+	f.capacity.run = r
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.capacity.run = nil
+		f.mu.Unlock()
+	}()
+	// A flood from one source, which the program drops at 1 query per second.
+	client := newUDPServer(t, "udp4", "127.0.0.1:0")
+	if _, err := k.sample(monotonicNow()); err != nil {
+		t.Fatal(err)
+	}
+	for range 300 {
+		if _, err := client.conn.WriteToUDPAddrPort(queryBytes(t, "www.victim.test."), srv.addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	in, err := k.sample(monotonicNow())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Sockets != 2 {
+		t.Errorf("%d sockets read, want 2 (the attached one once, and the other)", in.Sockets)
+	}
+	if in.Overflow != 0 {
+		t.Errorf("the program's drops counted as %d overflows", in.Overflow)
 	}
 }

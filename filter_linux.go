@@ -36,6 +36,7 @@ type Filter struct {
 	pin      *pinState         // opened from pins (filter_pin.go): Close leaves the pins in place
 	cookies  *kernelCookies    // the secrets of UseCookies (filter_cookies.go)
 	capacity filterCapacity    // the capacity controller (capacity_linux.go)
+	names    filterNames       // the names tables' learner (filter_names.go)
 	// closing: Close has begun. Set under mu as Close takes the capacity controller
 	// to stop it; from then on none starts, and Update and Attach refuse.
 	closing bool
@@ -166,6 +167,9 @@ func (f *Filter) pinPath() string {
 type filterCapacity struct {
 	run   *capacityRun
 	level float64 // the water level in the kernel's settings; 0: none
+	// namesLevel is the names level in the kernel's settings (docs/names.md,
+	// "The controller"); 0: none. It is written and lifted with level.
+	namesLevel float64
 	// published: a pinned filter's controller (RunCapacity, capacity_linux.go) has
 	// published its status in the pins, and must publish that it stopped.
 	published bool
@@ -174,11 +178,12 @@ type filterCapacity struct {
 // capacityConfig returns the Config to write to the kernel for cfg: cfg itself, or a
 // copy carrying the water level in force.
 func (f *Filter) capacityConfig(cfg *Config) *Config {
-	if cfg.capacity == 0 || f.capacity.level <= 0 {
+	if cfg.capacity == 0 || f.capacity.level <= 0 && f.capacity.namesLevel <= 0 {
 		return cfg
 	}
 	c := cfg.clone()
 	c.capLevel = f.capacity.level
+	c.namesLevel = f.capacity.namesLevel
 	return c
 }
 

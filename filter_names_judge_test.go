@@ -4,7 +4,6 @@ package rrl
 
 import (
 	"fmt"
-	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
@@ -13,86 +12,115 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The names judge, kernel ≡ Go: the program's verdicts and counters for a stream of
-// queries equal those of namesJudgeModel, the rule of docs/names.md ("The rule")
-// written out here. namesJudgeModel stands in for the Go Limiter's judge until that
-// is merged; the test should then run the Limiter's instead.
+// The names judge, kernel ≡ Go: the program's verdicts, counters and zone sketch for
+// a stream of queries equal those of the Go Limiter's own judge (decideQueryAt, the
+// production code of the Go-only mode), run beside it with the same seed, the same
+// draws and times, and a learner on the same tables. Both sides get their settings
+// from one Config through the production paths: kernelSettings for the program,
+// newLimiterParams for the Limiter (names on with capacity, the level as the capacity
+// controller writes it).
 
-// modelNamesVerdict is what the names judge did with a query.
-type modelNamesVerdict int
-
-const (
-	modelNotJudged modelNamesVerdict = iota // the name did not read
-	modelKnown                              // a known name: counted, not limited
-	modelPassed                             // an unknown name it passed
-	modelRefused                            // an unknown name it refused
-)
-
-func (v modelNamesVerdict) String() string {
+// namesVerdict's names for the test's tallies.
+func (v namesVerdict) String() string {
 	return [...]string{"not judged", "known", "unknown passed", "unknown refused"}[v]
 }
 
-// namesJudgeModel is the names judge of the rule: a query whose name reads is
-// classified; an unknown one is counted in the zone sketch under
-// sketchHash(seed, 0, zone) and refused when its count reaches the trip count and
-// the draw rotated by 16 bits, times its arrival rate, reaches the level.
-type namesJudgeModel struct {
-	l           *nameLearner
-	seed        uint64 // the settings' seed (the zone sketch's); l is keyed by nameSeed(seed)
-	zones       countMin
-	limit, trip fixed
-}
-
-func (m *namesJudgeModel) judge(msg []byte, now uint64, rnd uint32) modelNamesVerdict {
-	var q qname
-	if _, e := readQName(msg, m.l.seed, &q); e != nameOK {
-		return modelNotJudged
+// verdictOfCounts is what the names judge did with one query, read from how its four
+// counters (known, unknown, limited, unknown passed) moved; report-only is whether
+// the query was counted as passed in report-only mode.
+func verdictOfCounts(t testing.TB, what string, moved [4]uint64, reportOnly bool) namesVerdict {
+	t.Helper()
+	switch moved {
+	case [4]uint64{}:
+		return namesNotJudged
+	case [4]uint64{1, 0, 0, 0}:
+		return namesKnown
+	case [4]uint64{0, 1, 0, 1}:
+		return namesUnknown
+	case [4]uint64{0, 1, 1, 0}:
+		return namesRefused
+	case [4]uint64{0, 1, 1, 1}:
+		// Refused, and passed in report-only mode: counted as both.
+		if !reportOnly {
+			t.Fatalf("%s: names counters %v without report-only", what, moved)
+		}
+		return namesRefused
 	}
-	c := m.l.classify(&q, now)
-	if c.known {
-		return modelKnown
-	}
-	n := m.zones.arrive(sketchHash(m.seed, 0, uint64(c.zone)), now)
-	d := bits.RotateLeft32(rnd, 16)
-	if n >= m.trip && fixed(d).Mul(arrivalRate(n)) >= m.limit {
-		return modelRefused
-	}
-	return modelPassed
+	t.Fatalf("%s: names counters (known, unknown, limited, unknown passed) %v", what, moved)
+	return 0
 }
 
 // namesJudgeRig runs packets through rrl_filter_test with names on at the level
-// limit (queries per second per zone), and nothing limited by the source lattice.
+// limit (queries per second per zone), and nothing limited by the source lattice,
+// and the same queries through a Go Limiter set up alike (golim).
 type namesJudgeRig struct {
 	*namesRig
-	model *namesJudgeModel
+	golim *Limiter
 	xdp   *xdpTestObjects // when not nil, packets go through XDP's test program
+}
+
+// namesJudgeConfig is the Config both sides run: the capacity mode (names on by
+// default with it), no request limit, the names level as a capacity controller
+// puts it in force.
+func namesJudgeConfig(t testing.TB, limit float64, reportOnly bool) *Config {
+	t.Helper()
+	cfg := NewConfig()
+	for _, kv := range [][2]string{{"requests-per-second", "0"}, {"capacity", "auto"}, {"report-only", fmt.Sprint(reportOnly)}} {
+		if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.namesLevel = limit
+	return cfg
 }
 
 func newNamesJudgeRig(t testing.TB, limit float64, reportOnly bool) *namesJudgeRig {
 	t.Helper()
 	r := newNamesRig(t)
-	cfg := NewConfig()
-	if err := cfg.SetValue("requests-per-second", "0"); err != nil {
-		t.Fatal(err)
-	}
-	if reportOnly {
-		if err := cfg.SetValue("report-only", "true"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cfg := namesJudgeConfig(t, limit, reportOnly)
 	if err := r.objs.settingsMaps().apply(cfg, namesTestSeed, nil); err != nil {
 		t.Fatal(err)
 	}
-	lv := fixedFromFloat(limit)
-	setNamesSettings(t, r.objs.Settings, func(s *filterSettings) {
-		s.NamesOn, s.NamesLimit, s.NamesTrip = 1, uint64(lv), uint64(tripCount(lv))
-	})
-	return &namesJudgeRig{namesRig: r, model: &namesJudgeModel{l: r.l, seed: namesTestSeed, limit: lv, trip: tripCount(lv)}}
+	set, _, err := r.objs.settingsMaps().active(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golim, err := newLimiterSeed(cfg, namesTestSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := golim.params.Load()
+	if set.NamesOn != 1 || set.NamesLimit != uint64(p.names.limit) || set.NamesTrip != uint64(p.names.trip) || set.NameSeed != golim.names.Load().seed {
+		t.Fatalf("kernel settings names (on %d, limit %d, trip %d, seed %#x), Go Limiter's %+v seed %#x", set.NamesOn, set.NamesLimit, set.NamesTrip, set.NameSeed, p.names, golim.names.Load().seed)
+	}
+	// One table, written by the rig's learner, read by both judges.
+	golim.names.Load().learner.Store(r.l)
+	return &namesJudgeRig{namesRig: r, golim: golim}
+}
+
+// goJudge runs msg through the Go Limiter from the rig's source address at now
+// with the draw rnd: the verdict, from its counters, and whether it passed.
+func (r *namesJudgeRig) goJudge(t testing.TB, msg []byte, v6 bool, now uint64, rnd uint32) (namesVerdict, bool) {
+	t.Helper()
+	src := netip.MustParseAddrPort("198.51.100.7:40000")
+	if v6 {
+		src = netip.MustParseAddrPort("[2001:db8::7]:40000")
+	}
+	before := r.golim.counts()
+	var q qname
+	qp := &q
+	if !r.golim.readName(msg, qp) {
+		qp = nil
+	}
+	v := r.golim.decideQueryAt(src, qp, false, int64(now), rnd)
+	after := r.golim.counts()
+	moved := [4]uint64{after.namesKnown - before.namesKnown, after.namesUnknown - before.namesUnknown, after.namesLimited - before.namesLimited, after.unknownPassed - before.unknownPassed}
+	return verdictOfCounts(t, fmt.Sprintf("Go, message %x", msg), moved, after.report != before.report), v.Allowed
 }
 
 // judge runs msg at now with the draw rnd and returns what the program did, read
 // from the counters it moved, and whether it passed the packet.
-func (r *namesJudgeRig) judge(t testing.TB, msg []byte, v6 bool, now uint64, rnd uint32) (modelNamesVerdict, bool) {
+func (r *namesJudgeRig) judge(t testing.TB, msg []byte, v6 bool, now uint64, rnd uint32) (namesVerdict, bool) {
 	t.Helper()
 	before, err := sumCounters(r.objs.Counters)
 	if err != nil {
@@ -131,33 +159,16 @@ func (r *namesJudgeRig) judge(t testing.TB, msg []byte, v6 bool, now uint64, rnd
 		t.Fatalf("message %x: seen %d, errors %d", msg, d(counterSeen), d(counterError))
 	}
 	moved := [...]uint64{d(counterNamesKnown), d(counterNamesUnknown), d(counterNamesLimited), d(counterNamesUnknownPassed)}
-	var v modelNamesVerdict
-	switch moved {
-	case [4]uint64{}:
-		v = modelNotJudged
-	case [4]uint64{1, 0, 0, 0}:
-		v = modelKnown
-	case [4]uint64{0, 1, 0, 1}:
-		v = modelPassed
-	case [4]uint64{0, 1, 1, 0}:
-		v = modelRefused
-	case [4]uint64{0, 1, 1, 1}:
-		// Refused, and passed in report-only mode: counted as both.
-		if d(counterReportOnly) != 1 {
-			t.Fatalf("message %x: names counters %v without report-only", msg, moved)
-		}
-		v = modelRefused
-	default:
-		t.Fatalf("message %x: names counters (known, unknown, limited, unknown passed) %v", msg, moved)
-	}
+	v := verdictOfCounts(t, fmt.Sprintf("kernel, message %x", msg), moved, d(counterReportOnly) == 1)
 	if d(counterPassed) != map[bool]uint64{false: 0, true: 1}[ret != 0] {
 		t.Fatalf("message %x: returned %d, passed counter moved %d", msg, ret, d(counterPassed))
 	}
 	return v, ret != 0
 }
 
-// zoneCells fails t unless the program's zone sketch holds the model's cells.
-func (r *namesJudgeRig) zoneCells(t testing.TB) int {
+// zoneCells fails t unless the program's zone sketch holds the cells of want (the
+// Go Limiter's zone sketch).
+func (r *namesJudgeRig) zoneCells(t testing.TB, want *countMin) int {
 	t.Helper()
 	busy := 0
 	for row := range sketchDepth {
@@ -167,9 +178,9 @@ func (r *namesJudgeRig) zoneCells(t testing.TB) int {
 			if err := r.objs.Cells.Lookup(idx, &c); err != nil {
 				t.Fatal(err)
 			}
-			count, last := r.model.zones[row][col].load()
+			count, last := want[row][col].load()
 			if uint64(count) != c.Count || last != c.Last {
-				t.Fatalf("zone sketch row %d col %d: kernel (%d, %d), model (%d, %d)", row, col, c.Count, c.Last, count, last)
+				t.Fatalf("zone sketch row %d col %d: kernel (%d, %d), Go (%d, %d)", row, col, c.Count, c.Last, count, last)
 			}
 			if c.Count != 0 {
 				busy++
@@ -179,13 +190,13 @@ func (r *namesJudgeRig) zoneCells(t testing.TB) int {
 	return busy
 }
 
-// TestNamesJudgeKernelMatchesModel: a random-subdomain flood on victim.test. beside
+// TestNamesJudgeKernelMatchesLimiter: a random-subdomain flood on victim.test. beside
 // its known names, a lighter one on other.test., queries outside any zone and
 // names that do not read, at a level of 300 queries per second per zone: the
-// socket filter and the XDP program judge every query as the model does (verdict,
+// socket filter and the XDP program judge every query as the Go Limiter does (verdict,
 // counters, pass or drop, in report-only mode too; XDP slips none of the names
-// judge's refusals), and the zone sketch holds the model's cells.
-func TestNamesJudgeKernelMatchesModel(t *testing.T) {
+// judge's refusals), and the zone sketch holds the Limiter's cells, bit for bit.
+func TestNamesJudgeKernelMatchesLimiter(t *testing.T) {
 	for _, c := range []struct{ xdp, reportOnly bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
 		reportOnly := c.reportOnly
 		t.Run(fmt.Sprintf("xdp=%v/report-only=%v", c.xdp, reportOnly), func(t *testing.T) {
@@ -200,7 +211,7 @@ func TestNamesJudgeKernelMatchesModel(t *testing.T) {
 			z := newTestZone("www.victim.test.", "mail.victim.test.", "www.other.test.")
 			z.learn(r.l, start, "www.victim.test.", "mail.victim.test.", "www.other.test.", "nx.other.test.")
 			rng := rand.New(rand.NewPCG(3, uint64(map[bool]int{false: 1, true: 2}[reportOnly])))
-			count := map[string]map[modelNamesVerdict]int{}
+			count := map[string]map[namesVerdict]int{}
 			now := uint64(start)
 			for i := range 4000 {
 				now += uint64(rng.IntN(200_000)) // 10,000 queries per second
@@ -224,34 +235,34 @@ func TestNamesJudgeKernelMatchesModel(t *testing.T) {
 					msg = namesQuery(t, name)
 				}
 				rnd := rng.Uint32()
-				want := r.model.judge(msg, now, rnd)
+				want, goPass := r.goJudge(t, msg, i%2 == 1, now, rnd)
 				got, pass := r.judge(t, msg, i%2 == 1, now, rnd)
-				if got != want {
-					t.Fatalf("query %d (%s %s) at %d, draw %#x: kernel %v, model %v", i, kind, name, now, rnd, got, want)
+				if got != want || pass != goPass {
+					t.Fatalf("query %d (%s %s) at %d, draw %#x: kernel %v (passed %v), Go %v (passed %v)", i, kind, name, now, rnd, got, pass, want, goPass)
 				}
-				if pass != (want != modelRefused || reportOnly) {
+				if pass != (want != namesRefused || reportOnly) {
 					t.Fatalf("query %d (%s %s): %v and passed %v", i, kind, name, want, pass)
 				}
 				if count[kind] == nil {
-					count[kind] = map[modelNamesVerdict]int{}
+					count[kind] = map[namesVerdict]int{}
 				}
 				count[kind][want]++
 			}
-			busy := r.zoneCells(t)
+			busy := r.zoneCells(t, &r.golim.names.Load().sketch)
 			t.Logf("verdicts by kind: %v; zone sketch cells in use: %d", count, busy)
 			// The stream must have shown every verdict: random names of both zones
 			// limited, known names never.
 			for _, k := range []string{"victim random", "other random"} {
-				if count[k][modelRefused] == 0 || count[k][modelPassed] == 0 {
+				if count[k][namesRefused] == 0 || count[k][namesUnknown] == 0 {
 					t.Errorf("%s: %v, want some refused and some passed", k, count[k])
 				}
 			}
 			for _, k := range []string{"victim known", "other known"} {
-				if count[k][modelKnown] == 0 || len(count[k]) != 1 {
+				if count[k][namesKnown] == 0 || len(count[k]) != 1 {
 					t.Errorf("%s: %v, want known only", k, count[k])
 				}
 			}
-			if count["unreadable"][modelNotJudged] == 0 {
+			if count["unreadable"][namesNotJudged] == 0 {
 				t.Errorf("unreadable: %v", count["unreadable"])
 			}
 		})
@@ -262,17 +273,23 @@ func TestNamesJudgeKernelMatchesModel(t *testing.T) {
 // nothing of them and leaves the zone sketch alone, whatever the tables know.
 func TestNamesJudgeOffUntouched(t *testing.T) {
 	r := newNamesJudgeRig(t, 1, false)
-	setNamesSettings(t, r.objs.Settings, func(s *filterSettings) { s.NamesOn = 0 })
+	// The names keyword off, written by kernelSettings.
+	cfg := namesJudgeConfig(t, 1, false)
+	if err := cfg.SetValue("names", "off"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.objs.settingsMaps().apply(cfg, namesTestSeed, nil); err != nil {
+		t.Fatal(err)
+	}
 	z := newTestZone("www.victim.test.")
 	z.learn(r.l, 1<<40, "www.victim.test.")
 	for i := range 200 {
 		name := []string{"www.victim.test.", "r.victim.test."}[i%2]
-		if v, pass := r.judge(t, namesQuery(t, name), false, 1<<40+uint64(i)*1000, uint32(i)); v != modelNotJudged || !pass {
+		if v, pass := r.judge(t, namesQuery(t, name), false, 1<<40+uint64(i)*1000, uint32(i)); v != namesNotJudged || !pass {
 			t.Fatalf("%s with names off: %v, passed %v", name, v, pass)
 		}
 	}
-	r.model = &namesJudgeModel{l: r.l}
-	if busy := r.zoneCells(t); busy != 0 {
+	if busy := r.zoneCells(t, new(countMin)); busy != 0 {
 		t.Fatalf("%d zone sketch cells counted with names off", busy)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/netip"
 	"syscall"
+
+	"github.com/miekg/dns"
 )
 
 // Socket filters are a Linux feature. Elsewhere the package builds, so that programs
@@ -41,6 +43,7 @@ func (f *Filter) Release() error                                     { return ni
 func (f *Filter) Stats() (FilterStats, error)                        { return FilterStats{}, errNotLinux }
 func (f *Filter) Config() *Config                                    { return nil }
 func (f *Filter) pinPath() string                                    { return "" }
+func (f *Filter) observe(resp *dns.Msg, wildcard string)             {}
 func (f *Filter) LimitedGroups() ([]GroupRate, error)                { return nil, errNotLinux }
 func (f *Filter) UseCookies(c *Cookies) error                        { return errNotLinux }
 func (f *Filter) HeavyCells(n int) ([]SketchCell, error)             { return nil, errNotLinux }

@@ -512,5 +512,7 @@ func OpenPinned(pinDir string) (*Filter, error) {
 	if err != nil {
 		return fail(err)
 	}
-	return &Filter{mode: ModeEBPF, cfg: cfg, seed: s.Seed, objs: objs, pin: ps}, nil
+	f := &Filter{mode: ModeEBPF, cfg: cfg, seed: s.Seed, objs: objs, pin: ps}
+	f.namesUpdated() // the pins' names tables, taught by every process on them
+	return f, nil
 }

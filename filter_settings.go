@@ -283,15 +283,22 @@ func (st *filterStep) prefix() uint8 {
 
 // kernelSettings builds the settings map value for cfg.
 func kernelSettings(cfg *Config, seed uint64) *filterSettings {
+	lat := latticeOf(cfg)
 	s := &filterSettings{LayoutVersion: layoutVersion, Seed: seed, SeedMix0: mix64(seed), TickNs: coarseTick(),
-		// The names judge (docs/names.md): keyed, and without a level (nothing
-		// limited) until the capacity controller writes one.
-		NameSeed: nameSeed(seed), NamesLimit: uint64(fixedMax), NamesTrip: uint64(tripCount(fixedMax))}
+		// The names judge (docs/names.md): on as the Go Limiter's (the names
+		// keyword, on by default with capacity), keyed by the same seed, with
+		// the level the capacity controller wrote into cfg (namesLevel; none:
+		// fixedMax, nothing limited), exactly the Limiter's limit and trip.
+		NameSeed: nameSeed(seed), NamesLimit: uint64(lat.names.limit), NamesTrip: uint64(lat.names.trip)}
+	if lat.names.on {
+		s.NamesOn = 1
+	} else {
+		s.NamesLimit, s.NamesTrip = uint64(fixedMax), uint64(tripCount(fixedMax))
+	}
 	if cfg.reportOnly {
 		s.ReportOnly = 1
 	}
 	s.SlipRatio = uint32(cfg.slipRatio)
-	lat := latticeOf(cfg)
 	// The C program indexes steps by "is IPv4": [0] IPv6, [1] IPv4.
 	for fam, first := range [2]int{nodeIPv6First, nodeIPv4First} {
 		var steps []filterStep

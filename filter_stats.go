@@ -45,6 +45,15 @@ func (f *Filter) Stats() (FilterStats, error) {
 	if err != nil {
 		return st, err
 	}
+	if set.NamesOn != 0 {
+		// The names judge's counters, and its level as the settings in force
+		// have it (whichever process wrote it).
+		st.Names = &NameStats{Known: sum[counterNamesKnown], Unknown: sum[counterNamesUnknown],
+			Limited: sum[counterNamesLimited], UnknownPassed: sum[counterNamesUnknownPassed]}
+		if set.NamesLimit != uint64(fixedMax) {
+			st.Names.Level = fixed(set.NamesLimit).Float64()
+		}
+	}
 	limited := sum[counterLimited0:]
 	listed := map[uint32]bool{}
 	for _, step := range set.activeNodes() {

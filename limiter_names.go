@@ -33,7 +33,7 @@ type namesParams struct {
 // names keyword is off, with cfg's level (namesLevel) in force.
 func (p *limiterParams) initNames(cfg *Config) {
 	p.names = namesParams{limit: fixedMax, trip: tripCount(fixedMax)}
-	if cfg.capacity == 0 || cfg.namesOff {
+	if !namesOnIn(cfg) {
 		return
 	}
 	p.names.on = true
@@ -41,6 +41,10 @@ func (p *limiterParams) initNames(cfg *Config) {
 	p.names.netBits = [2]int{cfg.ipv4PrefixLength, cfg.ipv6PrefixLength}
 	p.applyNamesLevel(cfg.namesLevel)
 }
+
+// namesOnIn reports whether cfg has the names judge on: the names keyword, on by
+// default with the capacity mode.
+func namesOnIn(cfg *Config) bool { return cfg != nil && cfg.capacity != 0 && !cfg.namesOff }
 
 // namesLimit is the limit a names level gives: fixedMax for none (0 or +Inf), else
 // the level, at least the smallest fixed.

@@ -50,6 +50,12 @@ type Protection struct {
 	limiter atomic.Pointer[Limiter] // made when a query first needs it
 	limCfg  *Config                 // the Config the Go limiter is made with, under limMu
 
+	// learning is the eBPF filter whose names tables the Handler's responses
+	// teach (the Protection's filter since it had one; a predecessor draining its
+	// queries after a successor took it over teaches it still): read per
+	// response, without p.mu.
+	learning atomic.Pointer[Filter]
+
 	mu            sync.Mutex
 	cfg           *Config
 	filter        *Filter // the filter this Protection holds (made or taken over), or nil
@@ -316,6 +322,7 @@ func (p *Protection) newFilter(conn syscall.Conn) (*Filter, error) {
 		return nil, err
 	}
 	p.filter = f
+	p.learning.Store(f)
 	holders.m[f] = p
 	p.useFilterCookies()
 	p.startWatch()
@@ -535,6 +542,7 @@ func (p *Protection) takeOver(pred *Protection, f *Filter) error {
 		return fmt.Errorf("cookies: %w", err)
 	}
 	holders.m[f] = p
+	p.learning.Store(f)
 	pred.mu.Lock()
 	if pred.filter == f {
 		pred.stopWatch()
@@ -662,10 +670,15 @@ func (p *Protection) requestLimiter(w dns.ResponseWriter) *Limiter {
 }
 
 // observeResponse teaches the Go limiter's name learner, if the limiter is made,
-// from a response the Handler's inner handler computed (requestGate).
+// and the eBPF filter's names tables, if the Protection has the filter, from a
+// response the Handler's inner handler computed (requestGate): each judges the
+// queries it sees by what it learnt.
 func (p *Protection) observeResponse(m *dns.Msg, wildcard string) {
 	if l := p.limiter.Load(); l != nil {
 		l.observe(m, wildcard)
+	}
+	if f := p.learning.Load(); f != nil {
+		f.observe(m, wildcard) // filter_names.go
 	}
 }
 

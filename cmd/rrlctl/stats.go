@@ -170,6 +170,7 @@ func printStats(w io.Writer, pin string, st rrl.FilterStats, prev *rrl.FilterSta
 	}
 	fmt.Fprintf(w, "\n  %s\n", cookieLine(st.CookieSecrets))
 	printCapacity(w, st.Capacity)
+	printNames(w, st.Names)
 	if len(st.Nodes) == 0 {
 		fmt.Fprintln(w, "\n  no request limit (requests-per-second 0)")
 		return
@@ -203,6 +204,18 @@ func printCapacity(w io.Writer, c *rrl.CapacityStats) {
 	if c.Problem != "" {
 		fmt.Fprintf(w, "  %s\n", c.Problem)
 	}
+}
+
+// printNames prints the names judge's counters (nothing when it is off).
+func printNames(w io.Writer, n *rrl.NameStats) {
+	if n == nil {
+		return
+	}
+	level := "no limit by name"
+	if n.Level > 0 {
+		level = fmt.Sprintf("random names limited to %.4g/s per zone", n.Level)
+	}
+	fmt.Fprintf(w, "\n  names: %s; %d known, %d unknown (%d limited, %d passed)\n", level, n.Known, n.Unknown, n.Limited, n.UnknownPassed)
 }
 
 // printCompact prints one line of rates: seen, passed and dropped always, other
@@ -239,6 +252,8 @@ type statsJSON struct {
 	// CookieSecrets is how many server cookie secrets the kernel verifies
 	// cookies with (0: it verifies none); never the secrets.
 	CookieSecrets int `json:"cookie_secrets"`
+	// Names is the names judge's counters and level, when it is on.
+	Names *rrl.NameStats `json:"names,omitempty"`
 }
 
 type levelJSON struct {
@@ -249,7 +264,7 @@ type levelJSON struct {
 }
 
 func statsReport(pin string, at time.Time, st rrl.FilterStats, prev *rrl.FilterStats, dt float64) statsJSON {
-	out := statsJSON{PinDir: pin, Time: at, Mode: st.Mode.String(), Counters: map[string]uint64{}, Levels: []levelJSON{}, Capacity: st.Capacity, CookieSecrets: st.CookieSecrets}
+	out := statsJSON{PinDir: pin, Time: at, Mode: st.Mode.String(), Counters: map[string]uint64{}, Levels: []levelJSON{}, Capacity: st.Capacity, CookieSecrets: st.CookieSecrets, Names: st.Names}
 	for _, r := range reasons {
 		out.Counters[r.key] = r.value(st)
 	}
