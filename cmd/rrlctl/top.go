@@ -204,12 +204,12 @@ func printTop(c *cli, rep topReport, now time.Time) {
 		}
 	}
 	if rep.Names != nil {
-		printNames(c, rep.PinDir, rep.Names)
+		printZoneRates(c, rep.PinDir, rep.Names)
 	}
 }
 
 // printNames prints the names judge's zones (see the help).
-func printNames(c *cli, pin string, z *rrl.ZoneRates) {
+func printZoneRates(c *cli, pin string, z *rrl.ZoneRates) {
 	w := c.stdout
 	state := "no limit in force"
 	switch {
