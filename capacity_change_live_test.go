@@ -131,7 +131,7 @@ func TestLiveCapacityChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(release)
-	C := l.measure(t)
+	C := l.sharedC(t)
 	for _, c := range capChanges {
 		t.Run(c.name, retryLive(func(t *testing.T, errorf func(string, ...any)) {
 			res := l.runChange(t, C, c)
