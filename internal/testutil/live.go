@@ -77,6 +77,21 @@ var held struct {
 	f  *os.File
 }
 
+// HoldLive takes the live-test lock (LockLive) for a test that floods loopback and
+// returns its release, which t's end calls if the test has not. A package whose
+// floods are a few of its tests holds the lock for those floods, not for its whole
+// run (RunLocked), so that the capacity tests of another package, which take the
+// lock too, wait only for the floods.
+func HoldLive(t testing.TB) (release func()) {
+	t.Helper()
+	release, err := LockLive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	return release
+}
+
 // RunLocked runs a package's tests holding the live-test lock (see LockLive), for
 // the TestMain of a package whose tests flood loopback, and returns the exit code.
 func RunLocked(m *testing.M) int {
