@@ -157,7 +157,7 @@ func newCapLive(t testing.TB) *capLive {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Close() })
-	cg := filepath.Join(capCgroupRoot, fmt.Sprintf("rrl-cap-%d", os.Getpid()))
+	cg := filepath.Join(capCgroupRoot, fmt.Sprintf("rrl-cap-%d-%d", os.Getpid(), capCgroups.Add(1)))
 	if err := os.Mkdir(cg, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -185,6 +185,9 @@ func newCapLive(t testing.TB) *capLive {
 	}
 	return l
 }
+
+// capCgroups numbers the cgroups of a process's capLives.
+var capCgroups atomic.Int64
 
 // capChild is a running server child.
 type capChild struct {
