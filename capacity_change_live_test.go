@@ -130,11 +130,7 @@ func (l *capLive) runChange(tb testing.TB, C float64, c capChange) changeResult 
 // benchmark measures one scenario at a time.
 func TestLiveCapacityChanges(t *testing.T) {
 	l := newCapLive(t)
-	release, err := testutil.LockLive()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(release)
+	testutil.HoldLive(t)
 	C := l.sharedC(t)
 	for _, c := range capChanges {
 		t.Run(c.name, func(t *testing.T) {

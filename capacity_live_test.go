@@ -177,9 +177,13 @@ func newCapLive(t testing.TB) *capLive {
 		// The race detector would multiply the capped server's costs, its
 		// controller's most: the server is this package's tests built without it
 		// (capserver_test.go).
+		began := time.Now()
 		exe, err := capServerExe()
 		if err != nil {
 			t.Fatal(err)
+		}
+		if waited := time.Since(began); waited > time.Second {
+			t.Logf("waited %v for the server's build", waited.Round(100*time.Millisecond))
 		}
 		l.exe = exe
 	}
@@ -817,11 +821,7 @@ func (l *capLive) runSpread(tb testing.TB, C float64, settings string) spreadFlo
 func TestLiveCapacity(t *testing.T) {
 	l := newCapLive(t)
 	// Other packages' tests that flood loopback wait, and this waits for them.
-	release, err := testutil.LockLive()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(release)
+	testutil.HoldLive(t)
 	C := l.sharedC(t)
 
 	t.Run("below capacity", retryLive(func(t *testing.T, errorf func(string, ...any)) {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // liveLockEnv marks a process whose ancestor holds the live-test lock: a test binary
@@ -84,11 +85,15 @@ var held struct {
 // lock too, wait only for the floods.
 func HoldLive(t testing.TB) (release func()) {
 	t.Helper()
+	began := time.Now()
 	release, err := LockLive()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(release)
+	if waited := time.Since(began); waited > time.Second {
+		t.Logf("waited %v for the live-test lock", waited.Round(100*time.Millisecond))
+	}
 	return release
 }
 
