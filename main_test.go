@@ -23,5 +23,8 @@ func TestMain(m *testing.M) {
 	if !set {
 		flag.Set("test.parallel", strconv.Itoa(liveParallel))
 	}
-	os.Exit(m.Run())
+	removeCapServer := prebuildCapServer()
+	code := m.Run()
+	removeCapServer()
+	os.Exit(code)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dnsrake/rrl/internal/loadgen"
 	"github.com/dnsrake/rrl/internal/procsock"
+	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
 )
 
@@ -194,6 +195,7 @@ type floodResult struct {
 // client on 127.0.0.1 asks ten times, waiting for each answer.
 func flood(t *testing.T, dst netip.AddrPort, rate int, dur time.Duration) floodResult {
 	t.Helper()
+	defer testutil.HoldLive(t)()
 	answers, err := net.ListenUDP("udp4", &net.UDPAddr{})
 	if err != nil {
 		t.Fatal(err)

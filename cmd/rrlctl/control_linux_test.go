@@ -236,6 +236,7 @@ func TestControl(t *testing.T) {
 // arrive every 5 ms (5,000 per second) from 400 addresses in four /24s, for at most
 // 6 s.
 func overload(t *testing.T, conn *net.UDPConn) (stop func()) {
+	release := testutil.HoldLive(t)
 	dst := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -270,7 +271,7 @@ func overload(t *testing.T, conn *net.UDPConn) (stop func()) {
 		}
 	}()
 	var once sync.Once
-	return func() { once.Do(func() { close(done); wg.Wait() }) }
+	return func() { once.Do(func() { close(done); wg.Wait(); release() }) }
 }
 
 func mapsEqual[K comparable](a, b map[K]float64) bool {
@@ -299,9 +300,10 @@ func TestMain(m *testing.M) {
 	if pin := os.Getenv(childServeEnv); pin != "" {
 		os.Exit(servePinned(pin))
 	}
-	// The package's tests flood loopback: they hold the live-test lock, which keeps
-	// them apart from another package's capacity measurements.
-	os.Exit(testutil.RunLocked(m))
+	// The package's floods (overload, flood, TestTopLimitedGroups) hold the
+	// live-test lock while they run, which keeps them apart from another
+	// package's capacity measurements (testutil.HoldLive).
+	os.Exit(m.Run())
 }
 
 // servePinned is a server process: a loopback UDP socket with the filter pinned in

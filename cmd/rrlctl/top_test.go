@@ -13,6 +13,7 @@ import (
 
 	"github.com/dnsrake/rrl"
 	"github.com/dnsrake/rrl/internal/loadgen"
+	"github.com/dnsrake/rrl/internal/testutil"
 	"github.com/miekg/dns"
 )
 
@@ -50,6 +51,7 @@ func TestTopLimitedGroups(t *testing.T) {
 	}()
 	defer func() { close(stop); <-drained }()
 
+	defer testutil.HoldLive(t)()
 	const dur = 3 * time.Second
 	flows := []loadgen.Flow{
 		{Name: "slash24", Rate: 4 * L, End: dur, Src: func(i int) netip.AddrPort {

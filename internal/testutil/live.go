@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // liveLockEnv marks a process whose ancestor holds the live-test lock: a test binary
@@ -75,6 +76,25 @@ var held struct {
 	mu sync.Mutex
 	n  int
 	f  *os.File
+}
+
+// HoldLive takes the live-test lock (LockLive) for a test that floods loopback and
+// returns its release, which t's end calls if the test has not. A package whose
+// floods are a few of its tests holds the lock for those floods, not for its whole
+// run (RunLocked), so that the capacity tests of another package, which take the
+// lock too, wait only for the floods.
+func HoldLive(t testing.TB) (release func()) {
+	t.Helper()
+	began := time.Now()
+	release, err := LockLive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	if waited := time.Since(began); waited > time.Second {
+		t.Logf("waited %v for the live-test lock", waited.Round(100*time.Millisecond))
+	}
+	return release
 }
 
 // RunLocked runs a package's tests holding the live-test lock (see LockLive), for
