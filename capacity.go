@@ -443,6 +443,7 @@ type capacityController struct {
 	level      float64 // in force: +Inf none
 	written    float64 // last Level returned with Write
 	correction float64 // multiplies the target the sketches are solved for
+	bufPackets float64 // the queues' size in packets, as last seen (0: not known)
 	target     float64 // the judged rate the level aims at (R less the fixed load)
 	overloads  uint64
 }
@@ -479,6 +480,9 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	}
 	if s.overflow {
 		s.occupancy = 1
+	}
+	if in.Queued > 0 && in.QueuedPackets > 0 {
+		c.bufPackets = float64(in.QueueLimit) * in.QueuedPackets / float64(in.Queued)
 	}
 	secs := float64(s.dt) / 1e9
 	a := 1 - math.Exp(-float64(s.dt)/float64(capacityRateTau))
@@ -565,6 +569,9 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 	full, over := true, 0
 	occupancy = 1
 	for i := range n {
+		if dt >= int64(capacitySampleIdle) {
+			break // samples twice as far apart while an overload is steady
+		}
 		s := c.win[(c.nwin-1-i)%capacityWindow]
 		dt += s.dt
 		sv += s.served
@@ -579,7 +586,7 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 		occupancy = max(occupancy, last)
 	}
 	secs := float64(dt) / 1e9
-	return max(sv, 0) / secs, float64(ps) / secs, occupancy, n == capacityWindow && (full || over >= 2)
+	return max(sv, 0) / secs, float64(ps) / secs, occupancy, dt >= int64(capacitySampleIdle) && (full || over >= 2)
 }
 
 // regulate sets R from the window: the served rate scaled by the occupancy's error
@@ -685,13 +692,22 @@ func (c *capacityController) exiting(now int64) bool {
 	return now-c.lowSince >= int64(2*capacityRateTau)
 }
 
-// sampleEvery is how long until the next sample: capacitySampleEvery while an
-// overload is on or may come (see near), capacitySampleIdle otherwise.
+// sampleEvery is how long until the next sample: capacitySampleIdle while no
+// overload is near (see near); capacitySampleEvery while one may come; and under an
+// overload (capacity auto), the time the queues' free room above their target
+// takes to fill at the rate the limits pass, (1-q0)*B/max(R, a) for B the buffers'
+// packets, between the two: a server that stops for good overflows no sooner, and
+// a wakeup costs more than the sample (a small buffer at a high rate keeps the
+// short period; a large one needs fewer samples).
 func (c *capacityController) sampleEvery() time.Duration {
-	if c.near() {
-		return capacitySampleEvery
+	if !c.near() {
+		return capacitySampleIdle
 	}
-	return capacitySampleIdle
+	if c.overloaded && c.configured <= 0 && c.bufPackets > 0 {
+		fill := (1 - capacityQueueTarget) * c.bufPackets / max(c.rate, c.admitted+c.fixed, 1) / 2
+		return min(max(time.Duration(fill*float64(time.Second)), capacitySampleEvery), capacitySampleIdle)
+	}
+	return capacitySampleEvery
 }
 
 // near reports whether an overload is on or may come: a queue was at its target or

@@ -150,11 +150,19 @@ func BenchmarkCapacityControllerCPU(b *testing.B) {
 	measure := func(name string) {
 		b.Run(name, func(b *testing.B) {
 			var cpu, wall time.Duration
+			var samples uint64
 			for b.Loop() {
-				c, w, _ := controllerShare(b, k, time.Second)
-				cpu, wall = cpu+c, wall+w
+				c, w, n := controllerShare(b, k, time.Second)
+				cpu, wall, samples = cpu+c, wall+w, samples+n
 			}
 			b.ReportMetric(100*float64(cpu)/float64(wall), "%core")
+			b.ReportMetric(float64(samples)/wall.Seconds(), "samples/s")
+			// The process's CPU per sample, and what it comes to at a sample
+			// every capacitySampleEvery (an overload whose queues would fill
+			// in under twice that: a small buffer at a high rate).
+			per := float64(cpu) / float64(max(samples, 1))
+			b.ReportMetric(per/1e3, "µs/sample")
+			b.ReportMetric(100*per/float64(capacitySampleEvery), "%core@25ms")
 		})
 	}
 	measure("queue-full")

@@ -115,6 +115,8 @@ type kernelCapacity struct {
 	rewrite bool
 
 	queues queueWatch
+	socks  []queueSocket    // the sockets of the last sample (storage)
+	perCPU []filterCounters // the counters' per-CPU values (storage)
 	mem    *ebpf.Memory
 	ro     []byte // or a copy of all cells read by batches (readCellsBatch), when batch
 	batch  bool
@@ -144,15 +146,18 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	if f.pin != nil {
 		k.followPins()
 	}
-	var socks []queueSocket
-	for _, s := range f.ownedSockets() {
-		socks = append(socks, queueSocket{key: s.id, conn: s.conn})
+	socks := k.socks[:0] // reused: a sample allocates as little as it can
+	for _, s := range f.sockets {
+		if f.owns(s) {
+			socks = append(socks, queueSocket{key: s.id, conn: s.conn})
+		}
 	}
 	for i, c := range k.watched {
 		socks = append(socks, queueSocket{key: watchedKey(i), conn: c})
 	}
+	k.socks = socks
 	in := k.queues.read(socks)
-	sum, err := sumCounters(f.objs.Counters)
+	sum, err := sumCountersInto(f.objs.Counters, &k.perCPU)
 	if err != nil {
 		return capacityInput{}, fmt.Errorf("rrl: capacity: read the filter's counters: %w", err)
 	}
