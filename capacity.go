@@ -535,7 +535,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 func (c *capacityController) read(now int64, nodes func() []capacityNode) {
 	target := c.correction * c.target
 	before := math.NaN()
-	if c.overloaded && c.configured <= 0 && c.nodes != nil && target > 0 {
+	if c.overloaded && c.configured <= 0 && c.nodes != nil {
 		before = capacitySolve(c.nodes, target) // the storage is reused by the read
 	}
 	c.nodes, c.readAt = nodes(), now
