@@ -5,7 +5,7 @@ package rrl
 //
 // Without requests-per-second, every level of the request limiter still counts every
 // query (the sketches are kept warm) but limits nothing. A controller samples the
-// server every capacitySampleEvery: its receive queues (bytes queued against the
+// server every few tens of milliseconds: its receive queues (bytes queued against the
 // buffer size, and the queries lost because a queue was full), what it read, and the
 // limiter's own counts. It keeps no estimate of the server's capacity. It regulates
 // what it sees at every sample, the receive queues' occupancy, as CoDel regulates a
@@ -83,8 +83,8 @@ package rrl
 // second of the flood's end. The controller is pure: its inputs carry their clock
 // (capacityInput), and a driver (capacity_linux.go for the kernel filter and the
 // sockets, or a Go Limiter's counters) samples them every capacitySampleEvery while
-// an overload is on or may come, every capacitySampleIdle otherwise (see
-// sampleEvery).
+// an overload may come, every capacitySampleIdle while none is near, and under an
+// overload as often as the queues could fill, between the two (see sampleEvery).
 
 import (
 	"math"
