@@ -140,10 +140,13 @@ func BenchmarkCapacityController(b *testing.B) {
 
 // BenchmarkCapacityControllerCPU reports the share of a core the process spends
 // while only the controller of a kernel filter runs, with the sketches' cells busy:
-// with the socket's queue full and unread (samples every 25 ms, the sketches read
-// every 200 ms, as under overload) and drained (every 100 ms, the sketches every
-// second). The bound is 1% of a core; a loaded machine measures more (the
-// same work costs more time in a shared cache).
+// with the socket's queue full and unread (an overload whose server stalled: the
+// samples every 25 to 100 ms, as the queue's fill time gives, the sketches read
+// every 200 ms to a second) and drained (every 100 ms, the sketches every second),
+// with the samples taken a second and the process's CPU per sample, from which
+// %core@25ms is the share at a sample every 25 ms (a small buffer at a high rate).
+// The bound is 1% of a core; a loaded machine measures more (the same work
+// costs more time in a shared cache).
 func BenchmarkCapacityControllerCPU(b *testing.B) {
 	requireBPF(b)
 	k, drain := busyCapacity(b)
