@@ -550,7 +550,8 @@ func (c *capacityController) read(now int64, nodes func() []capacityNode) {
 	c.nextRead = now + int64(every)
 }
 
-// window returns, over the last capacityWindow samples, the rate the server read,
+// window returns, over the last capacityWindow samples (under an overload, those of
+// the last 100 ms, capacitySampleIdle), the rate the server read,
 // the rate that passed the limiter, the queues' occupancy as the law takes it, and
 // whether they stood: every sample at least capacityQueueTarget full, or two of them
 // overflowing. The occupancy is the least of the window's samples, the standing
@@ -566,13 +567,18 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 	var dt int64
 	var sv float64
 	var ps uint64
-	full, over := true, 0
+	full, over, used := true, 0, 0
 	occupancy = 1
 	for i := range n {
-		if dt >= int64(capacitySampleIdle) {
-			break // samples twice as far apart while an overload is steady
+		if c.overloaded && dt >= int64(capacitySampleIdle) {
+			// Under an overload the samples come up to capacitySampleIdle
+			// apart (see sampleEvery): the last 100 ms of them. (Two samples
+			// at least, when they are 100 ms apart, reacted a sample later:
+			// in the simulation, worse on every figure.)
+			break
 		}
 		s := c.win[(c.nwin-1-i)%capacityWindow]
+		used++
 		dt += s.dt
 		sv += s.served
 		ps += s.passed
@@ -586,7 +592,7 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 		occupancy = max(occupancy, last)
 	}
 	secs := float64(dt) / 1e9
-	return max(sv, 0) / secs, float64(ps) / secs, occupancy, dt >= int64(capacitySampleIdle) && (full || over >= 2)
+	return max(sv, 0) / secs, float64(ps) / secs, occupancy, (used == capacityWindow || c.overloaded && dt >= int64(capacitySampleIdle)) && (full || over >= 2)
 }
 
 // regulate sets R from the window: the served rate scaled by the occupancy's error
