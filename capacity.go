@@ -572,9 +572,9 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 	for i := range n {
 		if c.overloaded && dt >= int64(capacitySampleIdle) {
 			// Under an overload the samples come up to capacitySampleIdle
-			// apart (see sampleEvery): the last 100 ms of them. (Two samples
-			// at least, when they are 100 ms apart, reacted a sample later:
-			// in the simulation, worse on every figure.)
+			// apart (see sampleEvery): the last 100 ms of them. Outside one,
+			// the last four: an overload starts on a queue that stood over
+			// four samples (an idle one and three 25 ms apart), not on one.
 			break
 		}
 		s := c.win[(c.nwin-1-i)%capacityWindow]
