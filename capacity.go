@@ -83,8 +83,8 @@ package rrl
 // second of the flood's end. The controller is pure: its inputs carry their clock
 // (capacityInput), and a driver (capacity_linux.go for the kernel filter and the
 // sockets, or a Go Limiter's counters) samples them every capacitySampleEvery while
-// an overload may come, every capacitySampleIdle while none is near, and under an
-// overload as often as the queues could fill, between the two (see sampleEvery).
+// an overload is on or may come, every capacitySampleIdle otherwise (see
+// sampleEvery).
 
 import (
 	"math"
@@ -104,9 +104,8 @@ const (
 	// while the server is overloaded or near it, and capacitySampleIdle otherwise:
 	// a wakeup costs more than the sample (tens of microseconds of the Go
 	// scheduler's in an idle process), and an idle server needs few. A shorter
-	// period reacts sooner to a slower server (fewer overflows) for more wakeups.
-	// While an overload is steady (see sampleEvery) the samples come twice as
-	// late.
+	// period reacts sooner to a slower server (fewer overflows) for more wakeups
+	// (see sampleEvery for the longer periods tried).
 	capacitySampleEvery = 25 * time.Millisecond
 	capacitySampleIdle  = 100 * time.Millisecond
 	// capacityWindow is the number of samples over which the served rate and the
@@ -443,7 +442,6 @@ type capacityController struct {
 	level      float64 // in force: +Inf none
 	written    float64 // last Level returned with Write
 	correction float64 // multiplies the target the sketches are solved for
-	bufPackets float64 // the queues' size in packets, as last seen (0: not known)
 	target     float64 // the judged rate the level aims at (R less the fixed load)
 	overloads  uint64
 }
@@ -480,9 +478,6 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 	}
 	if s.overflow {
 		s.occupancy = 1
-	}
-	if in.Queued > 0 && in.QueuedPackets > 0 {
-		c.bufPackets = float64(in.QueueLimit) * in.QueuedPackets / float64(in.Queued)
 	}
 	secs := float64(s.dt) / 1e9
 	a := 1 - math.Exp(-float64(s.dt)/float64(capacityRateTau))
@@ -550,8 +545,7 @@ func (c *capacityController) read(now int64, nodes func() []capacityNode) {
 	c.nextRead = now + int64(every)
 }
 
-// window returns, over the last capacityWindow samples (under an overload, those of
-// the last 100 ms, capacitySampleIdle), the rate the server read,
+// window returns, over the last capacityWindow samples, the rate the server read,
 // the rate that passed the limiter, the queues' occupancy as the law takes it, and
 // whether they stood: every sample at least capacityQueueTarget full, or two of them
 // overflowing. The occupancy is the least of the window's samples, the standing
@@ -567,18 +561,10 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 	var dt int64
 	var sv float64
 	var ps uint64
-	full, over, used := true, 0, 0
+	full, over := true, 0
 	occupancy = 1
 	for i := range n {
-		if c.overloaded && dt >= int64(capacitySampleIdle) {
-			// Under an overload the samples come up to capacitySampleIdle
-			// apart (see sampleEvery): the last 100 ms of them. Outside one,
-			// the last four: an overload starts on a queue that stood over
-			// four samples (an idle one and three 25 ms apart), not on one.
-			break
-		}
 		s := c.win[(c.nwin-1-i)%capacityWindow]
-		used++
 		dt += s.dt
 		sv += s.served
 		ps += s.passed
@@ -592,7 +578,7 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 		occupancy = max(occupancy, last)
 	}
 	secs := float64(dt) / 1e9
-	return max(sv, 0) / secs, float64(ps) / secs, occupancy, (used == capacityWindow || c.overloaded && dt >= int64(capacitySampleIdle)) && (full || over >= 2)
+	return max(sv, 0) / secs, float64(ps) / secs, occupancy, n == capacityWindow && (full || over >= 2)
 }
 
 // regulate sets R from the window: the served rate scaled by the occupancy's error
@@ -698,22 +684,19 @@ func (c *capacityController) exiting(now int64) bool {
 	return now-c.lowSince >= int64(2*capacityRateTau)
 }
 
-// sampleEvery is how long until the next sample: capacitySampleIdle while no
-// overload is near (see near); capacitySampleEvery while one may come; and under an
-// overload (capacity auto), the time the queues' free room above their target
-// takes to fill at the rate the limits pass, (1-q0)*B/max(R, a) for B the buffers'
-// packets, between the two: a server that stops for good overflows no sooner, and
-// a wakeup costs more than the sample (a small buffer at a high rate keeps the
-// short period; a large one needs fewer samples).
+// sampleEvery is how long until the next sample: capacitySampleEvery while an
+// overload is on or may come (see near), capacitySampleIdle otherwise. A wakeup,
+// not the sample's work, is most of the controller's cost, but longer periods
+// under an overload were tried and not kept: twice as long while the queues stood
+// under their target failed six of the 80 simulated schedules (light groups lost
+// to overflows that a later sample let run), and the time the buffers' free room
+// would take to fill at the rate passed, halved (a period from the buffer size),
+// passed the simulation but left more overflows live (see docs/capacity.md).
 func (c *capacityController) sampleEvery() time.Duration {
-	if !c.near() {
-		return capacitySampleIdle
+	if c.near() {
+		return capacitySampleEvery
 	}
-	if c.overloaded && c.configured <= 0 && c.bufPackets > 0 {
-		fill := (1 - capacityQueueTarget) * c.bufPackets / max(c.rate, c.admitted+c.fixed, 1) / 2
-		return min(max(time.Duration(fill*float64(time.Second)), capacitySampleEvery), capacitySampleIdle)
-	}
-	return capacitySampleEvery
+	return capacitySampleIdle
 }
 
 // near reports whether an overload is on or may come: a queue was at its target or
