@@ -5,7 +5,7 @@ package rrl
 //
 // Without requests-per-second, every level of the request limiter still counts every
 // query (the sketches are kept warm) but limits nothing. A controller samples the
-// server every few tens of milliseconds: its receive queues (bytes queued against the
+// server every capacitySampleEvery: its receive queues (bytes queued against the
 // buffer size, and the queries lost because a queue was full), what it read, and the
 // limiter's own counts. It keeps no estimate of the server's capacity. It regulates
 // what it sees at every sample, the receive queues' occupancy, as CoDel regulates a
@@ -26,10 +26,10 @@ package rrl
 // window), q0 = capacityQueueTarget, s the rate the server read over the window, a
 // the rate the limiter passed, k = capacityGain, g = capacityRise and t the time
 // since a queue last overflowed. What the server read is what entered the queues
-// less what is still queued (capacityInput.Served): the queues' growth is not read. While the
-// queue stands the server reads as fast as it can, so s is what it can serve at
-// that moment, the bottleneck rate as BBR takes it from delivery: R follows it at
-// once, a little under it while the queue is above its target, so that the queue
+// less what is still queued (capacityInput.Served): the queues' growth is not read.
+// While the queue stands the server reads as fast as it can, so s is what it can
+// serve at that moment, the bottleneck rate as BBR takes it from delivery: R follows
+// it at once, a little under it while the queue is above its target, so that the queue
 // drains to q0; an overflow says that R was over what the server reads, so its cut
 // never raises R. While the queue is under its target the server could read more
 // than it is given: R is never under what it read, and rises (a probe, as BBR's,
@@ -77,10 +77,10 @@ package rrl
 // what it owes at once (or a flood that grows before the next read) from passing
 // whole.
 //
-// The overload ends (limits lift) when fewer queries arrive than 1-k(1-q0) of R (what
-// an overflow cuts R to), and no queue stands, for 2*capacityRateTau; the queries the limiter refuses count
-// as arrivals, so a steady flood keeps the overload on and the limits lift within a
-// second of the flood's end. The controller is pure: its inputs carry their clock
+// The overload ends (limits lift) when fewer queries arrive than 1-k(1-q0) of R
+// (what an overflow cuts R to), and no queue stands, for 2*capacityRateTau; the
+// queries the limiter refuses count as arrivals, so a steady flood keeps the
+// overload on and the limits lift within a second of the flood's end. The controller is pure: its inputs carry their clock
 // (capacityInput), and a driver (capacity_linux.go for the kernel filter and the
 // sockets, or a Go Limiter's counters) samples them every capacitySampleEvery while
 // an overload is on or may come, every capacitySampleIdle otherwise (see
