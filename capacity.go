@@ -19,17 +19,17 @@ package rrl
 //	a queue overflowed:  R = min(R, s * (1 - k*(1 - q0)))
 //	q >= q0:             R = s * (1 - k*(q - q0))
 //	q <  q0:             R = min(max(s, R * exp(g(t) * (q0 - q)/q0 * dt)), max(R, 2*max(s, a)))
-//	                     g(t) = min(g, j*t)
+//	                     g(t) = g * min(1, t/1s)
 //
 // with q the queues' standing occupancy, the least over the window, or the last
-// sample's when that is over capacityQueueHigh (a sample that overflowed counts as
-// full; see window), q0 = capacityQueueTarget, s the rate the server read over the
-// window, a the rate the limiter passed, k = capacityGain, g = capacityRise, j =
-// capacityRiseAccel and t the time since a queue last overflowed. What the server read is what entered the queues less what
-// is still queued (capacityInput.Served): the queues' growth is not read. While the
-// queue stands the server reads as fast as it can, so s is what it can serve at
-// that moment, the bottleneck rate as BBR takes it from delivery: R follows it at
-// once, a little under it while the queue is above its target, so that the queue
+// sample's when that is over 2*q0 (a sample that overflowed counts as full; see
+// window), q0 = capacityQueueTarget, s the rate the server read over the window, a
+// the rate the limiter passed, k = capacityGain, g = capacityRise and t the time
+// since a queue last overflowed. What the server read is what entered the queues
+// less what is still queued (capacityInput.Served): the queues' growth is not read.
+// While the queue stands the server reads as fast as it can, so s is what it can
+// serve at that moment, the bottleneck rate as BBR takes it from delivery: R follows
+// it at once, a little under it while the queue is above its target, so that the queue
 // drains to q0; an overflow says that R was over what the server reads, so its cut
 // never raises R. While the queue is under its target the server could read more
 // than it is given: R is never under what it read, and rises (a probe, as BBR's,
@@ -77,10 +77,10 @@ package rrl
 // what it owes at once (or a flood that grows before the next read) from passing
 // whole.
 //
-// The overload ends (limits lift) when fewer queries arrive than capacityExitBelow of
-// R, and no queue stands, for capacityExitHold; the queries the limiter refuses count
-// as arrivals, so a steady flood keeps the overload on and the limits lift within a
-// second of the flood's end. The controller is pure: its inputs carry their clock
+// The overload ends (limits lift) when fewer queries arrive than 1-k(1-q0) of R
+// (what an overflow cuts R to), and no queue stands, for 2*capacityRateTau; the
+// queries the limiter refuses count as arrivals, so a steady flood keeps the
+// overload on and the limits lift within a second of the flood's end. The controller is pure: its inputs carry their clock
 // (capacityInput), and a driver (capacity_linux.go for the kernel filter and the
 // sockets, or a Go Limiter's counters) samples them every capacitySampleEvery while
 // an overload is on or may come, every capacitySampleIdle otherwise (see
@@ -93,65 +93,66 @@ import (
 	"time"
 )
 
+// The controller's constants: ten that trade one thing for another, and two
+// derived from them or from the sketches. The law's other numbers are these
+// constants' consequences: the window is one idle sample long; a sample over twice
+// the target (half full) is met at once; the overload ends when arrivals stay
+// under what an overflow cuts R to, for two of the averages' time constants; the
+// rise takes a second to reach its full rate.
 const (
 	// capacitySampleEvery is how often a driver samples the queues and counters
 	// while the server is overloaded or near it, and capacitySampleIdle otherwise:
 	// a wakeup costs more than the sample (tens of microseconds of the Go
 	// scheduler's in an idle process), and an idle server needs few. A shorter
-	// period reacts sooner to a slower server (fewer overflows) for more wakeups.
+	// period reacts sooner to a slower server (fewer overflows) for more wakeups
+	// (see sampleEvery for the longer periods tried).
 	capacitySampleEvery = 25 * time.Millisecond
 	capacitySampleIdle  = 100 * time.Millisecond
+	// capacityWindow is the number of samples over which the served rate and the
+	// occupancy are taken: one idle sample's length (100 ms), so that an idle
+	// controller's single sample and a busy one's window see the same span. A
+	// longer span would smooth a server that reads in bursts (a CPU quota's period,
+	// a GC) more and react later.
+	capacityWindow = int(capacitySampleIdle / capacitySampleEvery)
 	// capacityStepEvery is how often the sketches are read under overload (every
-	// second otherwise): the cells' arrival rates behind the water level. Reading
-	// 20,000 cells is the controller's main cost; the sketches' own time constant
-	// (290 ms) makes reading them more often say little more.
-	capacityStepEvery = 200 * time.Millisecond
+	// second otherwise): the cells' arrival rates behind the water level. It is the
+	// sketches' half-life: reading 20,000 cells is the controller's main cost, and
+	// cells read more often than they decay say little more.
+	capacityStepEvery = time.Duration(halfLifeNanos)
 	// capacityStepSteady is how little the cells' level may move from one read
 	// to the next for the reads to space out (see read): larger reads less
 	// often, and notices a flood that changes its sources later (up to a
 	// second, while the queue loop holds R).
 	capacityStepSteady = 0.05
-	// capacityWindow is the number of samples (100 ms) over which the served rate
-	// and the occupancy are taken: longer smooths a server that reads in bursts (a
-	// CPU quota's period, a GC) and reacts later.
-	capacityWindow = 4
 	// capacityQueueTarget is the standing occupancy the queues are held at under
 	// overload, a share of their buffers: higher keeps the server busy through
 	// more of its own jitter (a faster moment drains the standing queue instead
 	// of idling the server) and leaves less room before a slower moment overflows
-	// it; it also delays every answer by its share of the buffer.
+	// it; it also delays every answer by its share of the buffer. One sample over
+	// twice the target (a queue half full) is met at once, not a window later (a
+	// 256-packet buffer holds about 20 ms at 12,000 queries a second).
 	capacityQueueTarget = 0.25
-	// capacityQueueHigh is the occupancy of one sample over which the law acts on
-	// that sample alone rather than on the window's standing queue: lower cuts R
-	// on the peaks of a bursty reader (idling it), higher leaves a server that
-	// slowed less of its buffer before it overflows (a 256-packet buffer holds
-	// about 20 ms at 12,000 queries a second, under a window).
-	capacityQueueHigh = 0.5
 	// capacityGain is how far under the served rate R goes per unit of occupancy
 	// over the target: higher drains a standing queue sooner and makes R follow
-	// the occupancy's noise more.
+	// the occupancy's noise more. An overflow cuts R to 1-k(1-q0) of the served
+	// rate (0.81), and the overload ends when arrivals stay under that share of R.
 	capacityGain = 0.25
 	// capacityRise is how fast R grows at most, per second in the logarithm, while
-	// the queues run empty under the limits, and capacityRiseAccel (per second
-	// squared) how the rise quickens to it from the last overflow: R comes back
-	// slowly towards the rate at which the queue overflowed (a server whose
-	// process runs the controller too is sampled when its reader has emptied the
-	// queue, so the overflow, not the occupancy, is often the only sign that R is
-	// over what it reads), and fast once the queue has run empty for a second (a
-	// server that got faster, or came back from a pause). Faster overshoots
-	// further past the rate that overflowed before the overflow shows it again
-	// (each time, about R's excess over the sampling delay, lost); slower regains
-	// a faster server later (the simulated schedules' speed-ups, up to twice as
-	// fast, are served at 0.9 within 2 s).
-	capacityRise      = 3
-	capacityRiseAccel = 3
-	// capacityExitBelow and capacityExitHold: the overload ends once arrivals stay
-	// below this share of R for this long. Closer to 1 or shorter lifts the limits
-	// sooner after a flood, and flaps more when a flood hovers around R.
-	capacityExitBelow = 0.8
-	capacityExitHold  = 500 * time.Millisecond
+	// the queues run empty under the limits; the rise quickens to it over the
+	// second after the last overflow: R comes back slowly towards the rate at
+	// which the queue overflowed (a server whose process runs the controller too
+	// is sampled when its reader has emptied the queue, so the overflow, not the
+	// occupancy, is often the only sign that R is over what it reads), and fast
+	// once the queue has run empty for a second (a server that got faster, or came
+	// back from a pause). Faster overshoots further past the rate that overflowed
+	// before the overflow shows it again (each time, about R's excess over the
+	// sampling delay, lost); slower regains a faster server later (the simulated
+	// schedules' speed-ups, up to twice as fast, are served at 0.9 within 2 s).
+	capacityRise = 3
 	// capacityRateTau is the time constant of the arrival and admission averages
-	// (for the exit and the correction): longer is steadier and later.
+	// (for the exit and the correction): longer is steadier and later. The
+	// overload ends once arrivals have stayed low for two of them (a flood that
+	// hovers around R flaps less, and the limits lift later).
 	capacityRateTau = 250 * time.Millisecond
 	// capacityCorrection is the exponent of the model's correction towards the
 	// measured admission per read: small, so that noise in one read moves the
@@ -163,7 +164,9 @@ const (
 	// keeps more of a flood through a stall; lower trims harder while it lasts.
 	capacityFloor = 0.05
 	// capacityMinLevel is the lowest water level, in queries per second per unit
-	// of factor: the solver's floor.
+	// of factor: the solver's floor. Lower trims a flood over very many sources
+	// further (each group below a thousandth of a query a second) for a few more
+	// bisection steps' precision lost at the top.
 	capacityMinLevel = 1e-3
 )
 
@@ -527,7 +530,7 @@ func (c *capacityController) step(in capacityInput, nodes func() []capacityNode)
 func (c *capacityController) read(now int64, nodes func() []capacityNode) {
 	target := c.correction * c.target
 	before := math.NaN()
-	if c.overloaded && c.configured <= 0 && c.nodes != nil && target > 0 {
+	if c.overloaded && c.configured <= 0 && c.nodes != nil {
 		before = capacitySolve(c.nodes, target) // the storage is reused by the read
 	}
 	c.nodes, c.readAt = nodes(), now
@@ -548,7 +551,7 @@ func (c *capacityController) read(now int64, nodes func() []capacityNode) {
 // overflowing. The occupancy is the least of the window's samples, the standing
 // queue (as CoDel takes the least sojourn time over its interval: the sawtooth of
 // a server that reads in bursts, a CPU quota's period, passes, a queue that stands
-// does not), or the last sample's when that is over capacityQueueHigh (a queue
+// does not), or the last sample's when that is over twice the target (a queue
 // that fills towards overflow is met at once, not a window later).
 func (c *capacityController) window() (served, passed, occupancy float64, standing bool) {
 	n := min(c.nwin, capacityWindow)
@@ -571,7 +574,7 @@ func (c *capacityController) window() (served, passed, occupancy float64, standi
 			over++
 		}
 	}
-	if last := c.win[(c.nwin-1)%capacityWindow].occupancy; last > capacityQueueHigh {
+	if last := c.win[(c.nwin-1)%capacityWindow].occupancy; last > 2*capacityQueueTarget {
 		occupancy = max(occupancy, last)
 	}
 	secs := float64(dt) / 1e9
@@ -605,8 +608,8 @@ func (c *capacityController) regulate(now int64, secs float64, start bool) {
 	// The rise quickens with the time since a queue last overflowed: slow just
 	// over the rate that overflowed (where a server whose queue the samples do
 	// not see would overflow it next), up to capacityRise once none has for
-	// capacityRise/capacityRiseAccel.
-	g := min(capacityRise, capacityRiseAccel*float64(now-c.overflowed)/1e9)
+	// a second.
+	g := capacityRise * min(1, float64(now-c.overflowed)/float64(time.Second))
 	rise := max(c.rate, floor) * math.Exp(g*(-err/capacityQueueTarget)*secs)
 	c.rate = min(max(served, rise), max(c.rate, 2*max(served, passed, floor)))
 }
@@ -659,11 +662,14 @@ func (c *capacityController) entering() bool {
 	return standing
 }
 
-// exiting reports whether the overload ends: arrivals have stayed below
-// capacityExitBelow of R, with the queues under their target, for capacityExitHold.
+// exiting reports whether the overload ends: arrivals have stayed below what an
+// overflow cuts R to, 1-k(1-q0) of it (closer to 1 lifts the limits sooner after a
+// flood, and flaps more when a flood hovers around R), with the queues under their
+// target, for two of the averages' time constants (capacityRateTau: arrivals that
+// stay low that long are not the average's lag).
 func (c *capacityController) exiting(now int64) bool {
 	// At most: a server that stalled has an R of 0, and nothing may arrive after.
-	low := c.demand <= capacityExitBelow*c.rate
+	low := c.demand <= (1-capacityGain*(1-capacityQueueTarget))*c.rate
 	if low && c.configured <= 0 {
 		_, _, q, standing := c.window()
 		low = !standing && q < capacityQueueTarget
@@ -675,11 +681,17 @@ func (c *capacityController) exiting(now int64) bool {
 	if c.lowSince < 0 {
 		c.lowSince = now
 	}
-	return now-c.lowSince >= int64(capacityExitHold)
+	return now-c.lowSince >= int64(2*capacityRateTau)
 }
 
 // sampleEvery is how long until the next sample: capacitySampleEvery while an
-// overload is on or may come (see near), capacitySampleIdle otherwise.
+// overload is on or may come (see near), capacitySampleIdle otherwise. A wakeup,
+// not the sample's work, is most of the controller's cost, but longer periods
+// under an overload were tried and not kept: twice as long while the queues stood
+// under their target failed six of the 80 simulated schedules (light groups lost
+// to overflows that a later sample let run), and the time the buffers' free room
+// would take to fill at the rate passed, halved (a period from the buffer size),
+// passed the simulation but left more overflows live (see docs/capacity.md).
 func (c *capacityController) sampleEvery() time.Duration {
 	if c.near() {
 		return capacitySampleEvery

@@ -140,21 +140,31 @@ func BenchmarkCapacityController(b *testing.B) {
 
 // BenchmarkCapacityControllerCPU reports the share of a core the process spends
 // while only the controller of a kernel filter runs, with the sketches' cells busy:
-// with the socket's queue full and unread (samples every 25 ms, the sketches read
-// every 200 ms, as under overload) and drained (every 100 ms, the sketches every
-// second). The bound is 1% of a core; a loaded machine measures more (the
-// same work costs more time in a shared cache).
+// with the socket's queue full and unread (an overload whose server stalled: the
+// samples every 25 ms, the sketches read every 200 ms to a second) and drained
+// (every 100 ms, the sketches every second), with the samples taken a second and
+// the process's CPU per sample, from which %core@25ms is the share at a sample
+// every 25 ms.
+// The bound is 1% of a core; a loaded machine measures more (the same work
+// costs more time in a shared cache).
 func BenchmarkCapacityControllerCPU(b *testing.B) {
 	requireBPF(b)
 	k, drain := busyCapacity(b)
 	measure := func(name string) {
 		b.Run(name, func(b *testing.B) {
 			var cpu, wall time.Duration
+			var samples uint64
 			for b.Loop() {
-				c, w, _ := controllerShare(b, k, time.Second)
-				cpu, wall = cpu+c, wall+w
+				c, w, n := controllerShare(b, k, time.Second)
+				cpu, wall, samples = cpu+c, wall+w, samples+n
 			}
 			b.ReportMetric(100*float64(cpu)/float64(wall), "%core")
+			b.ReportMetric(float64(samples)/wall.Seconds(), "samples/s")
+			// The process's CPU per sample, and what it comes to at a sample
+			// every capacitySampleEvery.
+			per := float64(cpu) / float64(max(samples, 1))
+			b.ReportMetric(per/1e3, "µs/sample")
+			b.ReportMetric(100*per/float64(capacitySampleEvery), "%core@25ms")
 		})
 	}
 	measure("queue-full")

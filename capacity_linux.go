@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -117,6 +118,8 @@ type kernelCapacity struct {
 	namesRewrite bool
 
 	queues queueWatch
+	socks  []queueSocket    // the sockets of the last sample (storage)
+	perCPU []filterCounters // the counters' per-CPU values (storage)
 	mem    *ebpf.Memory
 	ro     []byte // or a copy of all cells read by batches (readCellsBatch), when batch
 	batch  bool
@@ -150,23 +153,25 @@ func (k *kernelCapacity) sample(now int64) (capacityInput, error) {
 	if f.pin != nil {
 		k.followPins()
 	}
-	var socks []queueSocket
-	owned := map[socketID]bool{}
-	for _, s := range f.ownedSockets() {
-		socks = append(socks, queueSocket{key: s.id, conn: s.conn})
-		owned[s.id] = true
+	socks := k.socks[:0] // reused: a sample allocates as little as it can
+	for _, s := range f.sockets {
+		if f.owns(s) {
+			socks = append(socks, queueSocket{key: s.id, conn: s.conn})
+		}
 	}
+	owned := len(socks)
 	for i, c := range k.watched {
 		// A socket given to RunCapacity that this Filter is attached to itself (a
 		// server running its pins' controller) is read once: read twice, its
 		// drops (the program's included) would count twice as overflows.
-		if id, err := identify(c); err == nil && owned[id] {
+		if id, err := identify(c); err == nil && slices.ContainsFunc(socks[:owned], func(q queueSocket) bool { return q.key == id }) {
 			continue
 		}
 		socks = append(socks, queueSocket{key: watchedKey(i), conn: c})
 	}
+	k.socks = socks
 	in := k.queues.read(socks)
-	sum, err := sumCounters(f.objs.Counters)
+	sum, err := sumCountersInto(f.objs.Counters, &k.perCPU)
 	if err != nil {
 		return capacityInput{}, fmt.Errorf("rrl: capacity: read the filter's counters: %w", err)
 	}

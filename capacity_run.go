@@ -284,6 +284,7 @@ type queueSocket struct {
 // packets they lost because they were full.
 type queueWatch struct {
 	drops    map[any]uint32 // each socket's drop counter at the previous read
+	next     map[any]uint32 // storage for the next read's, swapped with drops
 	delta    uint64         // drops since the previous read, of sockets read both times
 	filtered uint64         // the filter's own drops at the previous account
 	started  bool
@@ -304,7 +305,11 @@ const queueCarryFloor = 256
 // QueueLimit, Sockets) and notes their drops since the previous read.
 func (w *queueWatch) read(socks []queueSocket) capacityInput {
 	var in capacityInput
-	next := make(map[any]uint32, len(socks))
+	if w.next == nil {
+		w.next = make(map[any]uint32, len(socks))
+	}
+	next := w.next
+	clear(next)
 	w.delta = 0
 	for _, s := range socks {
 		queued, size, drops, err := sockopt.ReceiveQueue(s.conn)
@@ -322,7 +327,7 @@ func (w *queueWatch) read(socks []queueSocket) capacityInput {
 		}
 		next[s.key] = drops
 	}
-	w.drops = next
+	w.drops, w.next = next, w.drops
 	if w.unit > 0 {
 		// A queue of mixed sizes counts as packets of the smallest: the
 		// count errs high, and what the server read (capacityInput.Served less

@@ -190,12 +190,26 @@ func limitedNode(i uint32) LimiterNode {
 // sumCounters reads the program's per-CPU counters (rrl_counters) and returns their
 // sums over CPUs, indexed by the counter* constants.
 func sumCounters(counters *ebpf.Map) ([counterMax]uint64, error) {
-	var sum [counterMax]uint64
 	var perCPU []filterCounters
-	if err := counters.Lookup(uint32(0), &perCPU); err != nil {
+	return sumCountersInto(counters, &perCPU)
+}
+
+// sumCountersInto is sumCounters reading the per-CPU values into *perCPU, made once
+// and reused by a caller that reads them often (the capacity controller, every
+// sample): the library then allocates no slice of its own for them.
+func sumCountersInto(counters *ebpf.Map, perCPU *[]filterCounters) ([counterMax]uint64, error) {
+	var sum [counterMax]uint64
+	if *perCPU == nil {
+		n, err := ebpf.PossibleCPU()
+		if err != nil {
+			return sum, err
+		}
+		*perCPU = make([]filterCounters, n)
+	}
+	if err := counters.Lookup(uint32(0), *perCPU); err != nil {
 		return sum, err
 	}
-	for _, c := range perCPU {
+	for _, c := range *perCPU {
 		for i, v := range c.Value {
 			sum[i] += v
 		}
