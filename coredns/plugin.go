@@ -165,7 +165,8 @@ func (h inner) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 // synthesised from a wildcard: the file plugin (and the cache, for what it cached
 // from it) sets the metadata "zone/wildcard" to the wildcard's owner name when the
 // metadata plugin is on, and the response is then accounted to the wildcard as
-// coredns/rrl and BIND do.
+// coredns/rrl and BIND do, and teaches the names judge's learner that the name is
+// a synthesis, not a name of its own.
 type wildcardWriter struct {
 	dns.ResponseWriter
 	ctx   context.Context
@@ -175,7 +176,10 @@ type wildcardWriter struct {
 func (w *wildcardWriter) WriteMsg(m *dns.Msg) error {
 	w.wrote = true
 	if f := metadata.ValueFunc(w.ctx, "zone/wildcard"); f != nil {
-		if origin := f(); origin != "" {
+		// The file plugin gives the wildcard's owner ("*.wild.example.org."); the
+		// Handler takes the name it hangs from (SetWildcardOrigin), which the names
+		// judge's learner marks as a wildcard parent (docs/names.md).
+		if origin := strings.TrimPrefix(f(), "*."); origin != "" {
 			rrl.SetWildcardOrigin(w.ResponseWriter, origin)
 		}
 	}
