@@ -415,6 +415,9 @@ func (p *Protection) AttachLocal(local netip.AddrPort) error {
 	defer p.remarkAll()
 	if p.opts.noFilter {
 		p.reason = errFilterOff
+		if pred := goPredecessor(p, socks); pred != nil {
+			p.inheritLimiter(pred) // limiter_handover.go
+		}
 		return nil
 	}
 	var errs []error

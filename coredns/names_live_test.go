@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -220,7 +221,9 @@ func startNamesServer(t *testing.T, props string) (s *server, port, mport int) {
 	port, mport = freePort(t), freePort(t)
 	s = startCoreDNSAs(t, &syscall.Credential{Uid: 65534, Gid: 65534}, namesCorefile(port, mport, props),
 		map[string]string{"db.victim.test": victimZone, "db.other.test": otherTestZone})
-	waitLog(t, s, "kernel filter for dns://127.0.0.1:"+strconv.Itoa(port)+": classic", 1)
+	if !strings.Contains(props, "kernel-filter off") {
+		waitLog(t, s, "kernel filter for dns://127.0.0.1:"+strconv.Itoa(port)+": classic", 1)
+	}
 	return s, port, mport
 }
 
@@ -278,12 +281,19 @@ func TestCoreDNSNames(t *testing.T) {
 }
 
 // TestCoreDNSNamesReload: a reload in the middle of the flood hands the Go Limiter
-// to the new load's Protection (rrl's takeOver): the names judge's counters carry
-// on, the names level stays in force, the existing names are judged known at once,
-// and they and the other zone's names stay answered.
+// to the new load's Protection (with the classic prefilter, rrl's takeOver; with
+// kernel-filter off, by the sockets the plugin gives it): the names judge's counters
+// carry on, the names level stays in force, the existing names are judged known at
+// once, and they and the other zone's names stay answered.
 func TestCoreDNSNamesReload(t *testing.T) {
 	lockLive(t)
-	s, port, mport := startNamesServer(t, "names on")
+	for _, props := range []string{"names on", "kernel-filter off"} {
+		t.Run(strings.ReplaceAll(props, " ", "-"), func(t *testing.T) { namesReload(t, props) })
+	}
+}
+
+func namesReload(t *testing.T, props string) {
+	s, port, mport := startNamesServer(t, props)
 	mAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(mport))
 	knownCount := func() float64 {
 		return metric(t, mAddr, "coredns_rrl_limiter_names_queries_total", `tier="known"`)
@@ -294,7 +304,7 @@ func TestCoreDNSNamesReload(t *testing.T) {
 	r := runNamesFlood(t, port, dur, func(r *namesRun) {
 		time.Sleep(reloadAt - time.Since(r.start))
 		before = knownCount()
-		reload(t, s, namesCorefile(port, mport, "names on\n        events-per-second 50"))
+		reload(t, s, namesCorefile(port, mport, props+"\n        events-per-second 50"))
 		reloaded = time.Since(r.start)
 		after = knownCount()
 		level = metric(t, mAddr, "coredns_rrl_limiter_names_level_queries_per_second")
