@@ -157,6 +157,9 @@ func joinHostPort(host, port string) string {
 //	    total-requests-per-second RATE
 //	    reflection-ports PORT...
 //	    capacity auto|RATE
+//	    names on|off
+//	    zones ZONE...
+//	    events-per-second N
 //	    kernel-filter on|off
 //	    cookies [off | SECRET [PREVIOUS]]
 //	    cookie-secret SECRET [PREVIOUS]
