@@ -70,6 +70,7 @@ func namesCorefile(port, mport int, props string) string {
 	return fmt.Sprintf(`victim.test:%d other.test:%d {
     bind 127.0.0.1
     prometheus 127.0.0.1:%d
+    metadata
     rrl {
         capacity %d
         %s
@@ -141,9 +142,10 @@ type namesRun struct {
 	start        time.Time
 }
 
-// runNamesFlood sends the scenario's traffic to 127.0.0.1:port for dur and returns
-// once the last answers are in. during, if not nil, runs beside the flood.
-func runNamesFlood(t *testing.T, port int, dur time.Duration, during func(r *namesRun)) *namesRun {
+// runNamesFlood sends the scenario's traffic to 127.0.0.1:port for dur, the random
+// names under parent, and returns once the last answers are in. during, if not nil,
+// runs beside the flood.
+func runNamesFlood(t *testing.T, port int, parent string, dur time.Duration, during func(r *namesRun)) *namesRun {
 	t.Helper()
 	dst := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}
 	r := &namesRun{}
@@ -195,7 +197,7 @@ func runNamesFlood(t *testing.T, port int, dur time.Duration, during func(r *nam
 	rnd := rand.New(rand.NewPCG(1, 2))
 	for now := time.Since(r.start); now < dur; now = time.Since(r.start) {
 		for due := int(namesFlood * now.Seconds()); nFlood < due; nFlood++ {
-			send(flood[nFlood%namesResolvers], uint16(nFlood), fmt.Sprintf("r%08x.victim.test.", rnd.Uint32()))
+			send(flood[nFlood%namesResolvers], uint16(nFlood), fmt.Sprintf("r%08x.%s", rnd.Uint32(), parent))
 		}
 		for due := int(namesKnown * now.Seconds()); nKnown < due; nKnown++ {
 			query(r.known[nKnown%namesResolvers], victimNames[nKnown%len(victimNames)]+".victim.test.", now)
@@ -239,14 +241,22 @@ func lockLive(t *testing.T) {
 // TestCoreDNSNames: under the flood, with the names judge on (the capacity mode's
 // default) the existing names of the attacked zone and the other zone's names are
 // answered, and many times better than with names off, where the capacity is shared
-// by source and each resolver's users lose their answers with its random names.
+// by source and each resolver's users lose their answers with its random names; the
+// same with the random names under the wildcard *.wild.victim.test., which the file
+// plugin answers (reported through the metadata plugin).
 func TestCoreDNSNames(t *testing.T) {
 	lockLive(t)
-	const dur, from = 3500 * time.Millisecond, time.Second
-	var known, other [2]float64
-	for i, props := range []string{"names on", "names off"} {
-		_, port, mport := startNamesServer(t, props)
-		r := runNamesFlood(t, port, dur, nil)
+	const dur, from = 3 * time.Second, time.Second
+	cases := []struct{ props, parent string }{
+		{"names on", "victim.test."},
+		{"names on", "wild.victim.test."},
+		{"names off", "victim.test."},
+	}
+	var known, other [3]float64
+	for i, tc := range cases {
+		props := tc.props + ", random names under " + tc.parent
+		_, port, mport := startNamesServer(t, tc.props)
+		r := runNamesFlood(t, port, tc.parent, dur, nil)
 		var nk, no int
 		known[i], nk = share(r.known, from, dur)
 		other[i], no = share(r.other, from, dur)
@@ -266,16 +276,20 @@ func TestCoreDNSNames(t *testing.T) {
 	}
 	// The other clients, at 30 a second each the heaviest sources once the random
 	// names are held, lose a little to the source limits while the levels settle.
-	if known[0] < 0.8 || other[0] < 0.7 {
-		t.Errorf("names on: existing names %.1f%%, other.test. %.1f%% answered, want at least 80%% and 70%%", 100*known[0], 100*other[0])
-	}
-	for _, c := range []struct {
-		what    string
-		on, off float64
-	}{{"existing victim.test. names", known[0], known[1]}, {"other.test.", other[0], other[1]}} {
-		t.Logf("%s: names on / names off = %.1f", c.what, c.on/max(c.off, 1e-3))
-		if c.on < 2*c.off {
-			t.Errorf("%s: %.1f%% answered with names on, %.1f%% with names off: want at least twice as many", c.what, 100*c.on, 100*c.off)
+	for i, tc := range cases[:2] {
+		if known[i] < 0.8 || other[i] < 0.7 {
+			t.Errorf("names on, random names under %s: existing names %.1f%%, other.test. %.1f%% answered, want at least 80%% and 70%%",
+				tc.parent, 100*known[i], 100*other[i])
+		}
+		for _, c := range []struct {
+			what    string
+			on, off float64
+		}{{"existing victim.test. names", known[i], known[2]}, {"other.test.", other[i], other[2]}} {
+			t.Logf("random names under %s, %s: names on / names off = %.1f", tc.parent, c.what, c.on/max(c.off, 1e-3))
+			if c.on < 2*c.off {
+				t.Errorf("random names under %s, %s: %.1f%% answered with names on, %.1f%% with names off: want at least twice as many",
+					tc.parent, c.what, 100*c.on, 100*c.off)
+			}
 		}
 	}
 }
@@ -298,10 +312,10 @@ func namesReload(t *testing.T, props string) {
 	knownCount := func() float64 {
 		return metric(t, mAddr, "coredns_rrl_limiter_names_queries_total", `tier="known"`)
 	}
-	const dur, reloadAt = 5 * time.Second, 2500 * time.Millisecond
+	const dur, reloadAt = 4500 * time.Millisecond, 2 * time.Second
 	var before, after, end, level float64
 	var reloaded, endAt time.Duration
-	r := runNamesFlood(t, port, dur, func(r *namesRun) {
+	r := runNamesFlood(t, port, "victim.test.", dur, func(r *namesRun) {
 		time.Sleep(reloadAt - time.Since(r.start))
 		before = knownCount()
 		reload(t, s, namesCorefile(port, mport, props+"\n        events-per-second 50"))
