@@ -1,6 +1,9 @@
 package rrl
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // The capacity controller of a Go Limiter, for servers where the eBPF filter is not in
 // force: a Protection runs it over its Limiter and the UDP sockets whose reads the
@@ -13,14 +16,20 @@ import "time"
 
 // limiterCapacity is the capacitySource of a Go Limiter's controller.
 type limiterCapacity struct {
-	l       *Limiter
-	conns   func() []queueSocket
+	l *Limiter
+	// owner is the Protection whose sockets' queues the controller reads: the one
+	// that started it, then the successor it is handed to (limiter_handover.go).
+	owner   atomic.Pointer[Protection]
 	queues  queueWatch
 	scratch capacityScratch
 }
 
 func (g *limiterCapacity) sample(now int64) (capacityInput, error) {
-	in := g.queues.read(g.conns())
+	var socks []queueSocket
+	if p := g.owner.Load(); p != nil {
+		socks = p.capacitySockets()
+	}
+	in := g.queues.read(socks)
 	c := g.l.counts()
 	judged := c.judged[0] + c.judged[1]
 	in.Now = now

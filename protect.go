@@ -72,6 +72,10 @@ type Protection struct {
 	// capClosed: Close has begun, under limMu; from then on no controller starts
 	// (startCapacity), whatever an Update or a first query racing Close does.
 	capClosed bool
+	capSrc    *limiterCapacity // the controller's source, under limMu
+	// limGiven: a successor inherited the Go Limiter (limiter_handover.go), under
+	// limMu; this Protection still judges with it, but no longer updates it.
+	limGiven bool
 }
 
 // heldSocket is one UDP socket a Protection protects.
@@ -418,6 +422,9 @@ func (p *Protection) AttachLocal(local netip.AddrPort) error {
 	defer p.remarkAll()
 	if p.opts.noFilter {
 		p.reason = errFilterOff
+		if pred := goPredecessor(p, socks); pred != nil {
+			p.inheritLimiter(pred) // limiter_handover.go
+		}
 		return nil
 	}
 	var errs []error
@@ -551,6 +558,7 @@ func (p *Protection) takeOver(pred *Protection, f *Filter) error {
 	pred.mu.Unlock()
 	p.pinned = f.pinPath()
 	p.startWatch()
+	p.inheritLimiter(pred) // limiter_handover.go
 	return nil
 }
 
@@ -885,7 +893,7 @@ func (p *Protection) Update(cfg *Config) (fresh bool, err error) {
 		}
 	}
 	p.limMu.Lock()
-	if l := p.limiter.Load(); l != nil {
+	if l := p.limiter.Load(); l != nil && !p.limGiven {
 		if err := l.Update(cfg); err != nil {
 			p.limMu.Unlock()
 			return false, fmt.Errorf("rrl: update request limiter: %w", err)
@@ -930,9 +938,11 @@ func (p *Protection) Close() error {
 	// Queries a server still drains report their events as they come, but no timer
 	// reports any once Close has returned.
 	p.rrl.stopEventTicks()
-	if l := p.limiter.Load(); l != nil {
+	p.limMu.Lock()
+	if l := p.limiter.Load(); l != nil && !p.limGiven {
 		l.stopEventTicks()
 	}
+	p.limMu.Unlock()
 	f := p.filter
 	if f == nil || holders.m[f] != p {
 		return nil
@@ -951,7 +961,9 @@ func (p *Protection) startCapacity(l *Limiter) {
 	if l == nil || p.limCfg.capacity == 0 || p.capacity != nil || p.capClosed {
 		return
 	}
-	src := &limiterCapacity{l: l, conns: p.capacitySockets}
+	src := &limiterCapacity{l: l}
+	src.owner.Store(p)
+	p.capSrc = src
 	p.capacity = startCapacity(p.limCfg, src, limiterNow)
 	l.capacity.Store(p.capacity)
 }
@@ -975,7 +987,7 @@ func (p *Protection) capacitySockets() []queueSocket {
 func (p *Protection) updateCapacity(cfg *Config) {
 	l := p.limiter.Load()
 	switch {
-	case l == nil:
+	case l == nil || p.limGiven:
 	case p.capacity != nil && cfg.capacity == 0:
 		p.capacity.halt()
 		l.capacity.Store(nil)
@@ -995,7 +1007,7 @@ func (p *Protection) stopCapacity() {
 	p.limMu.Lock()
 	p.capClosed = true
 	r := p.capacity
-	p.capacity = nil
+	p.capacity, p.capSrc = nil, nil
 	p.limMu.Unlock()
 	r.stopAndWait()
 }

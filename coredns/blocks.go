@@ -26,6 +26,9 @@ var requestKeywords = []string{
 	"requests-per-second", "ipv4-prefix-length", "ipv6-prefix-length",
 	"ipv4-request-levels", "ipv6-request-levels", "source-port-factor",
 	"total-requests-per-second", "reflection-ports", "exempt-clients", "report-only",
+	// The kernel's water level and names judge are the filter's too (its settings
+	// come from one Config); zones are not here: each block lists its own first.
+	"capacity", "names",
 }
 
 // socketGroup is the rrl blocks of one Corefile load that listen on one address.
@@ -163,20 +166,20 @@ func (p *RRL) members(addr string) []*RRL {
 	return []*RRL{p}
 }
 
-// successors returns the blocks of the newest load served on addr with the kernel
-// filter on (none when the load does not serve addr, or turned the filter off).
-// Blocks of a load that failed never started and so attach nothing.
-func successors(addr string) []*RRL {
+// successors returns the blocks of the newest load served on addr (none when the
+// load does not serve addr), and whether they have the kernel filter on. Blocks of a
+// load that failed never started and so attach nothing.
+func successors(addr string) ([]*RRL, bool) {
 	load.Lock()
 	defer load.Unlock()
 	if load.cur == nil {
-		return nil
+		return nil, false
 	}
 	g := load.cur.groups[addr]
-	if g == nil || !g.s.kernel {
-		return nil
+	if g == nil {
+		return nil, false
 	}
-	return slices.Clone(g.members)
+	return slices.Clone(g.members), g.s.kernel
 }
 
 // blockAddrs returns the UDP listen addresses of the block c sets up, spelled as

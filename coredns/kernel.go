@@ -71,6 +71,26 @@ func attachGroup(members []*RRL, addr string) {
 	}
 }
 
+// attachWithoutFilter hands the UDP sockets listening on addr to the Protections of
+// members, blocks served there with kernel-filter off: nothing is attached to them,
+// but a reload's new Protection finds its predecessor's Go limiter by them and
+// takes it over (rrl's AttachLocal), with what it learnt and its levels, when the
+// address has one such block; with several, which one succeeds which is not known,
+// and each starts afresh.
+func attachWithoutFilter(members []*RRL, addr string) {
+	attachMu.Lock()
+	defer attachMu.Unlock()
+	local, err := listenerAddr(addr)
+	if err != nil {
+		return // no plain UDP socket: nothing to hand over
+	}
+	for _, m := range members {
+		if _, err := m.attachLocal(addr, local); err != nil {
+			log.Warningf("request limits for %s in Go, without the predecessor's state: %v", addr, err)
+		}
+	}
+}
+
 // attachLocal hands the sockets on local (addr's) to p's Protection, once per
 // address; done reports that it had been, or that p is closed.
 func (p *RRL) attachLocal(addr string, local netip.AddrPort) (done bool, err error) {
@@ -99,8 +119,8 @@ func (p *RRL) close() error {
 }
 
 // handOver has the blocks of the newest Corefile load that serve an address of p
-// with the kernel filter on take p's filter there over, if their servers' hook has
-// not yet: CoreDNS starts the new servers in goroutines and may shut the old
+// with the kernel filter on take p's filter there over (with kernel-filter off in
+// both, its Go limiter), if their servers' hook has not yet: CoreDNS starts the new servers in goroutines and may shut the old
 // instance down before they have run, and the filter must pass from one
 // Protection to the next, never leaving the sockets (nor its estimates lost).
 // The sockets are there still: the new servers hold copies of them.
@@ -112,8 +132,13 @@ func (p *RRL) handOver() {
 	}
 	p.mu.Unlock()
 	for _, addr := range addrs {
-		if next := successors(addr); len(next) > 0 {
+		next, kernel := successors(addr)
+		switch {
+		case len(next) == 0:
+		case kernel:
 			attachGroup(next, addr)
+		case !p.s.kernel:
+			attachWithoutFilter(next, addr) // the Go limiter passes on
 		}
 	}
 }

@@ -6,6 +6,8 @@ package coredns
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -42,6 +44,9 @@ func newPlugin(s *settings) *RRL {
 // behind, and before CoreDNS opens its sockets: until AttachLocal hands them over,
 // the Protection holds UDP queries to the request limits in Go.
 func (p *RRL) start() error {
+	if err := p.defaultZones(); err != nil {
+		return err
+	}
 	var opts []rrl.Option
 	if !p.s.kernel {
 		opts = append(opts, rrl.WithoutFilter())
@@ -61,6 +66,43 @@ func (p *RRL) start() error {
 	}
 	p.prot.Store(prot)
 	return nil
+}
+
+// maxDefaultZones is the most zones defaultZones configures: rrl.Config's zones
+// keyword takes at most 256.
+const maxDefaultZones = 256
+
+// defaultZones gives the names judge (keyword zones) its apexes when the block does
+// not set them: the zones of every rrl block served on the block's addresses, its
+// own first (the root left out: it is no zone's apex). They are what the
+// server is authoritative for, known before the first answer; a block's queries for
+// them reach its Protection, and a kernel filter, which the blocks on an address
+// share, judges them all. Answers teach the learner the zones below them (a
+// delegation's SOA), as anywhere.
+func (p *RRL) defaultZones() error {
+	if values(p.s.cfg)["zones"] != "" {
+		return nil
+	}
+	var zones []string
+	add := func(zs []string) {
+		for _, z := range zs {
+			// A name the keyword refuses (the root, one too long) is left out.
+			ok := rrl.NewConfig().SetValue("zones", z) == nil
+			if ok && !slices.Contains(zones, z) && len(zones) < maxDefaultZones {
+				zones = append(zones, z)
+			}
+		}
+	}
+	add(p.Zones)
+	for _, g := range p.groups {
+		for _, m := range g.members {
+			add(m.Zones)
+		}
+	}
+	if len(zones) == 0 {
+		return nil
+	}
+	return p.s.cfg.SetValue("zones", strings.Join(zones, " "))
 }
 
 // Name implements plugin.Handler.
@@ -123,7 +165,8 @@ func (h inner) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 // synthesised from a wildcard: the file plugin (and the cache, for what it cached
 // from it) sets the metadata "zone/wildcard" to the wildcard's owner name when the
 // metadata plugin is on, and the response is then accounted to the wildcard as
-// coredns/rrl and BIND do.
+// coredns/rrl and BIND do, and teaches the names judge's learner that the name is
+// a synthesis, not a name of its own.
 type wildcardWriter struct {
 	dns.ResponseWriter
 	ctx   context.Context
@@ -133,7 +176,10 @@ type wildcardWriter struct {
 func (w *wildcardWriter) WriteMsg(m *dns.Msg) error {
 	w.wrote = true
 	if f := metadata.ValueFunc(w.ctx, "zone/wildcard"); f != nil {
-		if origin := f(); origin != "" {
+		// The file plugin gives the wildcard's owner ("*.wild.example.org."); the
+		// Handler takes the name it hangs from (SetWildcardOrigin), which the names
+		// judge's learner marks as a wildcard parent (docs/names.md).
+		if origin := strings.TrimPrefix(f(), "*."); origin != "" {
 			rrl.SetWildcardOrigin(w.ResponseWriter, origin)
 		}
 	}

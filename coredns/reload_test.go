@@ -447,7 +447,7 @@ func TestReloadFailsAfterStartup(t *testing.T) {
 	if cur != runningLoad {
 		t.Error("the newest load is the failed one, not the running one")
 	}
-	if s := successors(addr); len(s) != 1 || s[0] != running {
+	if s, _ := successors(addr); len(s) != 1 || s[0] != running {
 		t.Errorf("the blocks that would take the filter over on %s are %v, want the running one", addr, s)
 	}
 	if running.src.cur.Load() != running {
@@ -470,7 +470,7 @@ func TestReloadFailsAfterStartup(t *testing.T) {
 	if !closed(running) {
 		t.Error("the block the reload replaced: its Protection is still open")
 	}
-	if s := successors(addr); len(s) != 1 || s[0] != fresh[0] {
+	if s, _ := successors(addr); len(s) != 1 || s[0] != fresh[0] {
 		t.Errorf("after the second reload the blocks on %s are %v, want the new one", addr, s)
 	}
 	if nf := fresh[0].prot.Load().Filter(); nf == nil || requests(nf) != "50" {

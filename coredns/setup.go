@@ -83,6 +83,18 @@ func setup(c *caddy.Controller) error {
 			}
 			return nil
 		}
+	} else {
+		// Without the kernel filter the Protections still get the sockets, with
+		// nothing attached to them: a reload's new Protection finds its
+		// predecessor's Go limiter by them and takes it over (kernel.go).
+		prev := conf.UDPDecorateWriterFunc
+		conf.UDPDecorateWriterFunc = func(srv *dnsserver.Server) dns.DecorateWriter {
+			attachWithoutFilter(p.members(srv.Addr), srv.Addr)
+			if prev != nil {
+				return prev(srv)
+			}
+			return nil
+		}
 	}
 	host := ""
 	if len(conf.ListenHosts) > 0 {
@@ -145,6 +157,9 @@ func joinHostPort(host, port string) string {
 //	    total-requests-per-second RATE
 //	    reflection-ports PORT...
 //	    capacity auto|RATE
+//	    names on|off
+//	    zones ZONE...
+//	    events-per-second N
 //	    kernel-filter on|off
 //	    cookies [off | SECRET [PREVIOUS]]
 //	    cookie-secret SECRET [PREVIOUS]
