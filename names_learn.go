@@ -2,6 +2,7 @@ package rrl
 
 import (
 	"math/bits"
+	"strings"
 	"sync/atomic"
 
 	"github.com/miekg/dns"
@@ -343,6 +344,9 @@ func (l *nameLearner) observe(resp *dns.Msg, wildcard string, now uint64) {
 	switch resp.Rcode {
 	case dns.RcodeSuccess:
 		if wildcard != "" {
+			// The wildcard's owner ("*.wild.example.", as file-serving plugins
+			// report it) stands for its parent, as SetWildcardOrigin takes it.
+			wildcard = strings.TrimPrefix(wildcard, "*.")
 			var w qname
 			if len(resp.Answer) == 0 || !qnameOf(wildcard, l.seed, &w) || w.labels >= q.labels {
 				return

@@ -474,3 +474,26 @@ func TestNameLearnerConcurrent(t *testing.T) {
 		t.Errorf("%d names, want 64", n)
 	}
 }
+
+// TestNameLearnerWildcardOwner checks that a wildcard given by its owner name
+// ("*.wild.victim.test.", as file-serving plugins report it) teaches what its
+// parent does: the parent marked as the unit of the names under it, and the
+// synthesised name not learnt as existing.
+func TestNameLearnerWildcardOwner(t *testing.T) {
+	now := uint64(learnT0)
+	z := newTestZone()
+	for _, form := range []string{"wild.victim.test.", "*.wild.victim.test."} {
+		l := mustLearner(t)
+		k := func(n string) nameKey { return nameKeyOf(t, l.seed, n) }
+		z.learn(l, now, "nope.victim.test.") // the zone, from its SOA
+		m, _ := z.answer("x1.wild.victim.test.", dns.TypeA)
+		l.observe(m, form, now)
+		c, _ := classifyName(t, l, "p.q.wild.victim.test.", now) // two labels under it: its unit is the parent only if marked
+		if c.known || c.unit != k("wild.victim.test.") {
+			t.Errorf("wildcard %q: a name under it classifies as %+v, want unknown with the parent as unit", form, c)
+		}
+		if c, _ := classifyName(t, l, "x1.wild.victim.test.", now); c.known {
+			t.Errorf("wildcard %q: the synthesised name was learnt as existing", form)
+		}
+	}
+}
