@@ -215,16 +215,25 @@ func runNamesFlood(t *testing.T, port int, parent string, dur time.Duration, dur
 	return r
 }
 
-// startNamesServer runs CoreDNS as uid 65534 with the scenario's zones and props,
-// and waits for the classic prefilter on its socket.
-func startNamesServer(t *testing.T, props string) (s *server, port, mport int) {
+// startNamesServer runs CoreDNS with the scenario's zones and props, as uid 65534
+// (the classic prefilter, or none with kernel-filter off) unless root is set (the
+// eBPF filter, the names judged in the kernel), and waits for its filter on the
+// socket.
+func startNamesServer(t *testing.T, props string, root ...bool) (s *server, port, mport int) {
 	t.Helper()
-	requirePrivilege(t, unix.CAP_SETUID, unix.CAP_SETGID)
+	asRoot := len(root) > 0 && root[0]
+	cred, mode := &syscall.Credential{Uid: 65534, Gid: 65534}, "classic"
+	if asRoot {
+		requirePrivilege(t, unix.CAP_BPF, unix.CAP_NET_ADMIN)
+		cred, mode = nil, "ebpf"
+	} else {
+		requirePrivilege(t, unix.CAP_SETUID, unix.CAP_SETGID)
+	}
 	port, mport = freePort(t), freePort(t)
-	s = startCoreDNSAs(t, &syscall.Credential{Uid: 65534, Gid: 65534}, namesCorefile(port, mport, props),
+	s = startCoreDNSAs(t, cred, namesCorefile(port, mport, props),
 		map[string]string{"db.victim.test": victimZone, "db.other.test": otherTestZone})
 	if !strings.Contains(props, "kernel-filter off") {
-		waitLog(t, s, "kernel filter for dns://127.0.0.1:"+strconv.Itoa(port)+": classic", 1)
+		waitLog(t, s, "kernel filter for dns://127.0.0.1:"+strconv.Itoa(port)+": "+mode, 1)
 	}
 	return s, port, mport
 }
@@ -296,21 +305,35 @@ func TestCoreDNSNames(t *testing.T) {
 
 // TestCoreDNSNamesReload: a reload in the middle of the flood hands the Go Limiter
 // to the new load's Protection (with the classic prefilter, rrl's takeOver; with
-// kernel-filter off, by the sockets the plugin gives it): the names judge's counters
+// kernel-filter off, by the sockets the plugin gives it), or as root the eBPF
+// filter with its names tables and counters (takeOver): the names judge's counters
 // carry on, the names level stays in force, the existing names are judged known at
 // once, and they and the other zone's names stay answered.
 func TestCoreDNSNamesReload(t *testing.T) {
 	lockLive(t)
-	for _, props := range []string{"names on", "kernel-filter off"} {
-		t.Run(strings.ReplaceAll(props, " ", "-"), func(t *testing.T) { namesReload(t, props) })
+	for _, m := range []struct {
+		name, props string
+		root        bool
+	}{
+		{"names-on", "names on", false},
+		{"kernel-filter-off", "kernel-filter off", false},
+		{"ebpf", "names on", true}, // as root: judged in the kernel, the tables pass with the filter
+	} {
+		t.Run(m.name, func(t *testing.T) { namesReload(t, m.props, m.root) })
 	}
 }
 
-func namesReload(t *testing.T, props string) {
-	s, port, mport := startNamesServer(t, props)
+func namesReload(t *testing.T, props string, root bool) {
+	s, port, mport := startNamesServer(t, props, root)
 	mAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(mport))
+	// The judge's metrics are the Go limiter's, or with the eBPF filter the
+	// kernel program's.
+	sub := "limiter"
+	if root {
+		sub = "filter"
+	}
 	knownCount := func() float64 {
-		return metric(t, mAddr, "coredns_rrl_limiter_names_queries_total", `tier="known"`)
+		return metric(t, mAddr, "coredns_rrl_"+sub+"_names_queries_total", `tier="known"`)
 	}
 	const dur, reloadAt = 4500 * time.Millisecond, 2 * time.Second
 	var before, after, end, level float64
@@ -321,7 +344,7 @@ func namesReload(t *testing.T, props string) {
 		reload(t, s, namesCorefile(port, mport, props+"\n        events-per-second 50"))
 		reloaded = time.Since(r.start)
 		after = knownCount()
-		level = metric(t, mAddr, "coredns_rrl_limiter_names_level_queries_per_second")
+		level = metric(t, mAddr, "coredns_rrl_"+sub+"_names_level_queries_per_second")
 		time.Sleep(dur - 300*time.Millisecond - time.Since(r.start))
 		end, endAt = knownCount(), time.Since(r.start)
 	})
@@ -346,7 +369,7 @@ func namesReload(t *testing.T, props string) {
 	if known < 0.8 || other < 0.8 {
 		t.Errorf("after the reload: existing names %.1f%%, other.test. %.1f%% answered, want both at least 80%%", 100*known, 100*other)
 	}
-	if st := metric(t, mAddr, "coredns_rrl_limiter_names_limited_total"); st == 0 {
+	if st := metric(t, mAddr, "coredns_rrl_"+sub+"_names_limited_total"); st == 0 {
 		t.Error("no random name refused across the reload")
 	}
 }
