@@ -237,9 +237,6 @@ func TestPinnedNamesTwoServers(t *testing.T) {
 	}
 	// Every existing name known at both sockets, and answered.
 	sentKnown := len(sentAt[1])
-	if d.Known != uint64(sentKnown) {
-		t.Errorf("the program counted %d queries known, %d sent for existing names", d.Known, sentKnown)
-	}
 	answered := 0
 	for _, r := range []helperResult{ra, rb} {
 		for _, n := range r.Known {
@@ -248,6 +245,9 @@ func TestPinnedNamesTwoServers(t *testing.T) {
 	}
 	if answered -= pinNamesExisting; answered < sentKnown*99/100 {
 		t.Errorf("the processes answered %d of %d queries for existing names, want 99%%", answered, sentKnown)
+	}
+	if d.Known < uint64(answered) || d.Known > uint64(sentKnown) {
+		t.Errorf("the program counted %d queries known; %d sent for existing names, %d answered", d.Known, sentKnown, answered)
 	}
 	// Names one process learnt alone were asked at the other too.
 	learntBy := func(r helperResult, name string) bool {

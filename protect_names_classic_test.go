@@ -67,10 +67,7 @@ func TestClassicNamesLive(t *testing.T) {
 		serve func(t *testing.T, h dns.Handler, cfg *Config) (*Protection, netip.AddrPort)
 	}{
 		{"reader", func(t *testing.T, h dns.Handler, cfg *Config) (*Protection, netip.AddrPort) {
-			conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			conn := deepLoopback(t)
 			p, err := Protect(conn, h, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -85,7 +82,8 @@ func TestClassicNamesLive(t *testing.T) {
 			return p, conn.LocalAddr().(*net.UDPAddr).AddrPort()
 		}},
 		{"Handler", func(t *testing.T, h dns.Handler, cfg *Config) (*Protection, netip.AddrPort) {
-			conn, addr := listenLoopback(t)
+			conn := deepLoopback(t)
+			addr := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 			p, err := NewProtection(h, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -194,14 +192,29 @@ func TestClassicNamesLive(t *testing.T) {
 				UnknownPassed: after.Names.UnknownPassed - before.Names.UnknownPassed,
 			}
 			t.Logf("names counters moved %+v, level %g", d, after.Names.Level)
-			if d.Known != uint64(len(sentAt[1])) {
-				t.Errorf("the Limiter counted %d queries known, %d sent for existing names", d.Known, len(sentAt[1]))
+			// Every existing-name query read was judged known (and passed):
+			// exactly those the handler was given, whatever a busy machine's
+			// socket queue lost.
+			if n := tally.count("known", 0, time.Hour); d.Known != uint64(n) {
+				t.Errorf("the Limiter counted %d queries known, the handler was given %d", d.Known, n)
 			}
 			if d.Limited == 0 || d.Limited+d.UnknownPassed != d.Unknown {
 				t.Errorf("names counters %+v: nothing limited, or limited and passed do not add up to the unknown", d)
 			}
 		})
 	}
+}
+
+// deepLoopback is a UDP socket on loopback with a deep receive queue (loadgen.Listen),
+// so that a busy machine's reader loses no query to overflow.
+func deepLoopback(t *testing.T) *net.UDPConn {
+	t.Helper()
+	conn, err := loadgen.Listen("udp4", netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // withSuffix returns each of names with suffix appended.
