@@ -123,6 +123,9 @@ func pinNamesServe(conn *net.UDPConn, dir string, res helperResult) helperResult
 // existing-name query, at either process, is counted known by the program and
 // answered, those the other process learnt included.
 func TestPinnedNamesTwoServers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
 	const L = 200.0
 	const dur = 2500 * time.Millisecond
 	const from = time.Second

@@ -59,6 +59,9 @@ func (n *namesTally) count(kind string, from, to time.Duration) int {
 // are held to about L, while queries for existing victim.test. names and random
 // names under other.test. (within that zone's own budget) are all answered.
 func TestClassicNamesLive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
 	const L = 200.0
 	const dur = 2500 * time.Millisecond
 	const from = time.Second

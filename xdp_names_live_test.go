@@ -45,6 +45,9 @@ func setNamesLevel(t testing.TB, f *Filter, level float64) {
 // for existing victim.test. names and random names under other.test. (under L: that
 // zone's own budget) all pass; the names counters say which judge did it.
 func TestLiveXDPNames(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live flood")
+	}
 	const L = 300.0
 	const dur = 3 * time.Second
 	const from = time.Second
