@@ -51,7 +51,7 @@ func TestLiveXDPNames(t *testing.T) {
 	const L = 300.0
 	const dur = 3 * time.Second
 	const from = time.Second
-	e := newXDPEnv(t, [2]string{"capacity", "auto"})
+	e := newXDPEnv(t, [2]string{"capacity", "auto"}, [2]string{"slip-ratio", "2"})
 	e.attach(t, nil)
 	srv, f := e.srv4, e.f4
 	z := newTestZone("www.victim.test.", "mail.victim.test.", "ftp.victim.test.", "www.other.test.")
@@ -143,6 +143,9 @@ func TestLiveXDPNames(t *testing.T) {
 	}
 	if lost := uint64(len(run.sentAt[0])) + sentOther - d.Unknown; d.Unknown > sentRandom+sentOther || lost > sentRandom/100 {
 		t.Errorf("%d queries counted unknown, %d random names sent", d.Unknown, sentRandom+sentOther)
+	}
+	if n := st.Slipped - before.Slipped; n != 0 {
+		t.Errorf("XDP slipped %d refused names, want none (slip-ratio 2 slips request-limited queries only)", n)
 	}
 	if l := sumLimited(st) - sumLimited(before); l != 0 {
 		t.Errorf("the source lattice limited %d queries with no water level", l)
