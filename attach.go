@@ -32,6 +32,12 @@ import (
 // and discard every packet for which Limiter.Allow(source) is false, right after
 // reading it (Protect does all of this).
 //
+// The names judge of the capacity mode (docs/names.md) knows only the names the
+// server answered as existing: a server serving with NewHandler gives the Handler
+// the Filter (WithFilter) so that its answers teach it. Limiter.Allow judges no
+// names (it has the source alone): in the classic mode only a Protection, which
+// reads the packet, judges names in Go.
+//
 // Attach returns a nil Filter only when conn is not an open UDP socket (nil, closed,
 // TCP, ...: the error says which) or even the classic prefilter could not be
 // attached; every method of a nil Filter is safe and does nothing, so `defer

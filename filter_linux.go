@@ -23,7 +23,11 @@ import (
 //
 // With the Config keyword capacity on, a Filter this process loaded runs the
 // capacity controller until Close; a pinned filter gets its one controller from the
-// process that calls RunCapacity (rrlctl control).
+// process that calls RunCapacity (rrlctl control). Its names judge (names on, by
+// default with capacity) learns what exists from the server's answers only: a
+// Protection's Handler teaches the Filter it attached, a Handler of NewHandler the
+// Filter given with WithFilter; a Filter nothing teaches knows no names
+// (docs/names.md).
 //
 // A Filter is safe for concurrent use.
 type Filter struct {

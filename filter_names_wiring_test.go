@@ -346,3 +346,57 @@ func TestKernelNamesSweepInTick(t *testing.T) {
 		t.Fatalf("%d slots used after the tick %d generations on, want 0 (%d before)", n, nameGenLive+1, before)
 	}
 }
+
+// TestHandlerWithFilterTeachesKernelNames: a server that attaches a Filter itself
+// and serves with NewHandler teaches the filter's tables when the Handler is given
+// the Filter (WithFilter), as a Protection's Handler teaches its own: the program
+// counts a name known once the server answered it as existing. Without the option
+// nothing teaches them, and every name stays unknown.
+func TestHandlerWithFilterTeachesKernelNames(t *testing.T) {
+	requireBPF(t)
+	for _, c := range []struct {
+		name  string
+		with  bool
+		known uint64
+	}{{"WithFilter", true, 3}, {"without", false, 0}} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := NewConfig()
+			for _, kv := range [][2]string{{"capacity", "auto"}, {"zones", "other.test."}} {
+				if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer udp.Close()
+			f, err := Attach(udp, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if f.Mode() != ModeEBPF {
+				t.Fatalf("mode %v: the test needs the eBPF filter", f.Mode())
+			}
+			r, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var opts []Option
+			if c.with {
+				opts = append(opts, WithFilter(f))
+			}
+			serveHost(t, udp, NewHandler(namesZoneHandler(), r, opts...))
+			askNames(t, udp.LocalAddr().String(), "nx.victim.test.", "www.victim.test.", "www.victim.test.", "WWW.victim.test.", "www.other.test.", "www.other.test.", "x1.victim.test.")
+			st, err := f.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := NameStats{Known: c.known, Unknown: 7 - c.known, UnknownPassed: 7 - c.known}
+			if st.Names == nil || *st.Names != want {
+				t.Fatalf("names counters %+v, want %+v", st.Names, want)
+			}
+		})
+	}
+}

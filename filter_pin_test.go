@@ -114,6 +114,12 @@ type helperResult struct {
 	UpdateErr                    string
 	UpdateNotPermitted           bool
 	CloseErr                     string
+	// names mode (pinNamesServe): per existing name, how many queries the
+	// server answered and when it first did (Unix ns); random names answered,
+	// in all and in the window.
+	Known                map[string]int
+	KnownFirst           map[string]int64
+	Random, RandomSteady int
 }
 
 // TestPinnedHelperProcess is the child side of the pinned-filter tests: it acts only
@@ -123,6 +129,8 @@ type helperResult struct {
 //	serve: as probe, but first print "READY port" and count the datagrams received
 //	       until stdin closes; stdin's first line "WINDOW from to" (Unix ns) is the
 //	       steady-state window whose receptions count in Steady.
+//	names: serve DNS (namesZoneHandler) with a Protection on the pins until stdin
+//	       closes, as serve does (pinNamesServe).
 func TestPinnedHelperProcess(t *testing.T) {
 	mode := os.Getenv("RRL_PIN_HELPER")
 	if mode == "" {
@@ -163,6 +171,9 @@ func pinHelper(mode, dir, port string) (res helperResult) {
 	}
 	conn := pc.(*net.UDPConn)
 	defer conn.Close()
+	if mode == "names" {
+		return pinNamesServe(conn, dir, res)
+	}
 	f, err := AttachPinned(conn, dir)
 	if err != nil {
 		res.Err = err.Error()
@@ -276,7 +287,7 @@ func (e *pinEnv) start(t *testing.T, mode, dir string, uid, gid, port int) *chil
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	if mode == "serve" {
+	if mode == "serve" || mode == "names" {
 		for c.out.Scan() {
 			if _, err := fmt.Sscanf(c.out.Text(), "READY %d", &c.port); err == nil {
 				return c

@@ -45,6 +45,7 @@ type Handler struct {
 	rrl     *RRL
 	cookies *Cookies
 	limiter *Limiter // the Go request limiter of withLimiter, for tests
+	filter  *Filter  // the Filter of WithFilter, taught from the responses
 	// core is the Protection whose Handler this is: it says, per query, whether the
 	// Go request limits still apply; UDP queries are then always held to them once.
 	core    requestGate
@@ -61,8 +62,8 @@ type Handler struct {
 }
 
 // NewHandler returns next wrapped in rate limiting by r. r must not be nil. Of the
-// options it heeds WithCookies; the Handler has no cookies
-// unless given them.
+// options it heeds WithCookies (the Handler has no cookies unless given them) and
+// WithFilter (the Filter it teaches what exists).
 func NewHandler(next dns.Handler, r *RRL, opts ...Option) *Handler {
 	var o options
 	for _, f := range opts {
@@ -72,7 +73,7 @@ func NewHandler(next dns.Handler, r *RRL, opts ...Option) *Handler {
 }
 
 func newHandler(next dns.Handler, r *RRL, o *options) *Handler {
-	h := &Handler{next: next, rrl: r, now: time.Now, limiter: o.limiter}
+	h := &Handler{next: next, rrl: r, now: time.Now, limiter: o.limiter, filter: o.filter}
 	if o.now != nil {
 		h.now = o.now
 	}
@@ -210,11 +211,15 @@ func (h *Handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 // from m, a response the inner handler computed, with wildcard the origin it
 // reported ("" for none).
 func (h *Handler) observe(m *dns.Msg, wildcard string) {
-	switch {
-	case h.core != nil:
+	if h.core != nil { // a Protection's: it teaches its own, and ignores WithFilter
 		h.core.observeResponse(m, wildcard)
-	case h.limiter != nil:
+		return
+	}
+	if h.limiter != nil {
 		h.limiter.observe(m, wildcard)
+	}
+	if h.filter != nil {
+		h.filter.observe(m, wildcard)
 	}
 }
 

@@ -5,7 +5,7 @@ import (
 )
 
 // Option configures Protect, NewProtection and NewHandler. NewHandler heeds only
-// WithCookies.
+// WithCookies and WithFilter.
 type Option func(*options)
 
 type options struct {
@@ -14,6 +14,7 @@ type options struct {
 	pinDir     string
 	noFilter   bool
 	tcpPerConn int
+	filter     *Filter          // the filter a Handler of NewHandler teaches
 	now        func() time.Time // cookie clock, for tests (time.Now by default)
 	limiter    *Limiter         // a Handler's own Go request limits, for tests
 }
@@ -41,6 +42,14 @@ func WithPinned(dir string) Option { return func(o *options) { o.pinDir = dir } 
 // in Go. For a server whose sockets get a filter from outside (rrlctl attach), which
 // should then leave requests-per-second at 0 in cfg so as not to limit twice.
 func WithoutFilter() Option { return func(o *options) { o.noFilter = true } }
+
+// WithFilter makes a Handler of NewHandler teach f what exists from every response
+// its inner handler computes, as a Protection's Handler teaches its own filter: the
+// kernel's names judge (docs/names.md) knows only the names the server answered as
+// existing, so a server that attaches a Filter itself (Attach, AttachPinned) and
+// serves with NewHandler gives it the Filter this way. Protect and NewProtection
+// ignore it: a Protection teaches the filter it attaches.
+func WithFilter(f *Filter) Option { return func(o *options) { o.filter = f } }
 
 // WithTCPConnsPerClient sets the concurrent TCP connections each client may hold on
 // a Protection's TCP servers (tcplimit.DefaultConnsPerClient by default).
