@@ -65,20 +65,6 @@ func BenchmarkFilterNamesTestRun(b *testing.B) {
 	now := uint64(monotonicNow())
 	z := newTestZone("www.victim.test.", "victim.test.")
 	z.learn(l, now, "www.victim.test.")
-	measure := func(b *testing.B, pkt []byte) float64 {
-		const repeat = 100000
-		var total time.Duration
-		runs := 0
-		for b.Loop() {
-			_, per, err := objs.Program.Benchmark(pkt, repeat, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			total += per * repeat
-			runs += repeat
-		}
-		return float64(total.Nanoseconds()) / float64(runs)
-	}
 	base := map[string]float64{}
 	for _, c := range []struct {
 		name, qname string
@@ -96,8 +82,11 @@ func BenchmarkFilterNamesTestRun(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			ns := measure(b, frame(c.qname))
-			b.ReportMetric(ns, "ns/packet")
+			pkt := frame(c.qname)
+			_, ns := benchTestRun(b, func() (time.Duration, error) {
+				_, per, err := objs.Program.Benchmark(pkt, 100000, nil)
+				return per, err
+			})
 			after, err := sumCounters(objs.Counters)
 			if err != nil {
 				b.Fatal(err)
