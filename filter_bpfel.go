@@ -91,10 +91,7 @@ type filterNameBucket struct {
 type filterNameScratch struct {
 	_      structs.HostLayout
 	I      uint64
-	Left   uint64
-	At     uint64
 	Labels uint64
-	H      uint64
 	Index  uint64
 	B      [264]uint8
 	Suffix [128]uint64

@@ -70,9 +70,8 @@ struct {
 // place), and what name_classify says of it.
 struct name_scratch {
 	// name_turn's state between turns: i the current length byte from the end of
-	// the header, left the label's bytes still to hash, at the next of them, h the
-	// label's hash so far, labels the labels read.
-	__u64 i, left, at, labels, h;
+	// the header, labels the labels read.
+	__u64 i, labels;
 	__u64 index;              // suffix_at's index
 	__u8 b[NAME_SCAN_MASK + 1 + 8];
 	__u64 suffix[NAME_MAX_LABELS + 1];
@@ -100,7 +99,7 @@ static __always_inline __u64 lower8(__u64 w)
 	return w | upper >> 2;
 }
 
-// name_walk is what name_turn needs beside the scratch's state, and what it says.
+// name_walk is what name_turn needs beside the scratch, and what it says.
 struct name_walk {
 	struct name_scratch *sc;
 	__u64 seed;
@@ -108,35 +107,29 @@ struct name_walk {
 	__s64 err;                // a negated name_err, 0 when the root was read
 };
 
-// name_turn is one turn of name_read's walk: it reads a length byte, or hashes
-// the next 8 bytes of a label (zero padded: labelHash in names.go). Its state (the
-// scratch's i, left, at, labels and h) is kept in memory, and bpf_loop calls it, so
-// that the verifier checks one turn rather than every sequence of label lengths
-// (a turn per label, hashing its words in a loop, took it ten seconds to check).
+// name_word hashes into h the label's word j bytes into it (the label l bytes long
+// from at in the scratch), zero padded past its end.
+static __always_inline __u64 name_word(struct name_scratch *sc, __u64 h, __u64 at, __u64 l, __u64 j)
+{
+	__u64 x;
+	__builtin_memcpy(&x, &sc->b[(at + j) & NAME_SCAN_MASK], sizeof(x));
+	x = le64(x);
+	if (l - j < 8)
+		x &= (1ULL << ((l - j) * 8)) - 1;
+	h = (h ^ lower8(x)) * NAME_MUL;
+	return h ^ h >> 31;
+}
+
+// name_turn is one turn of name_read's walk: it reads a length byte and hashes the
+// whole label after it, 8 bytes at a time, zero padded (labelHash in names.go). Its
+// state between turns (the scratch's i and labels) is kept in memory, and bpf_loop
+// calls it, so that the verifier checks one turn rather than every sequence of label
+// lengths. A label is at most 63 bytes, 8 words: the words are written out, each
+// behind a test of the label's length.
 static long name_turn(__u64 k, void *arg)
 {
 	struct name_walk *w = arg;
 	struct name_scratch *sc = w->sc;
-	__u64 left = sc->left;
-	if (left) {
-		__u64 at = sc->at, x, h = sc->h;
-		__builtin_memcpy(&x, &sc->b[at & NAME_SCAN_MASK], sizeof(x));
-		x = le64(x);
-		if (left < 8)
-			x &= (1ULL << (left * 8)) - 1;
-		h = (h ^ lower8(x)) * NAME_MUL;
-		h ^= h >> 31;
-		sc->h = h;
-		sc->at = at + 8;
-		left = left < 8 ? 0 : left - 8;
-		sc->left = left;
-		if (!left) {
-			__u64 labels = sc->labels;
-			sc->suffix[labels & NAME_MAX_LABELS] = h;
-			sc->labels = labels + 1;
-		}
-		return 0;
-	}
 	__u64 i = sc->i, len = w->len;
 	if (i >= len) {
 		w->err = -NAME_SHORT;
@@ -159,10 +152,26 @@ static long name_turn(__u64 k, void *arg)
 		w->err = -NAME_SHORT;
 		return 1;
 	}
-	sc->h = w->seed ^ l;
-	sc->left = l;
-	sc->at = i + 1;
-	sc->i = i + 1 + l;
+	__u64 h = w->seed ^ l, at = i + 1;
+	h = name_word(sc, h, at, l, 0);
+	if (l > 8)
+		h = name_word(sc, h, at, l, 8);
+	if (l > 16)
+		h = name_word(sc, h, at, l, 16);
+	if (l > 24)
+		h = name_word(sc, h, at, l, 24);
+	if (l > 32)
+		h = name_word(sc, h, at, l, 32);
+	if (l > 40)
+		h = name_word(sc, h, at, l, 40);
+	if (l > 48)
+		h = name_word(sc, h, at, l, 48);
+	if (l > 56)
+		h = name_word(sc, h, at, l, 56);
+	__u64 labels = sc->labels;
+	sc->suffix[labels & NAME_MAX_LABELS] = h;
+	sc->labels = labels + 1;
+	sc->i = at + l;
 	return 0;
 }
 
@@ -220,11 +229,11 @@ __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 	if (load_net(ctx, dns_off + DNS_HEADER_LEN, sc->b, n))
 		return -NAME_SHORT;
 	sc->i = 0;
-	sc->left = 0;
 	sc->labels = 0;
 	struct name_walk w = {.sc = sc, .seed = seed, .len = len, .err = -NAME_TOO_LONG};
-	// One turn per length byte and one per 8 bytes of a label: at most 255.
-	bpf_loop(NAME_MAX_WIRE, name_turn, &w, 0);
+	// One turn per label and one for the root: a label takes at least 2 of the
+	// name's 255 bytes, so the 128th turn reads the root or refuses the name.
+	bpf_loop(NAME_MAX_LABELS + 1, name_turn, &w, 0);
 	if (w.err)
 		return w.err;
 	__u64 labels = sc->labels;
