@@ -305,25 +305,25 @@ static __always_inline __u64 fls64(__u64 m)
 	return ((m * 0x0101010101010101ULL) >> 56) - 1;
 }
 
-// name_value looks k up in the names table (apex 0) or the apexes table (apex 1):
-// the value of its live entry, or -1. A global function: checked once, not at every
-// turn of its callers' loops.
-__noinline int name_value(__u64 k, __u64 gen, __u64 apex)
+// name_value looks k up in the names table: the value of its live entry, or -1.
+// Inlined: a call costs more than the lookup.
+static __always_inline int name_value(__u64 k, __u64 gen)
 {
-	__u32 idx;
-	struct name_bucket *b;
-	if (apex) {
-		idx = k & ((1 << APEX_BUCKET_SHIFT) - 1);
-		b = bpf_map_lookup_elem(&rrl_apexes, &idx);
-		if (!b)
-			return -1;
-		return name_lookup(b, k, gen, APEX_PINNED);
-	}
-	idx = k & ((1 << NAME_BUCKET_SHIFT) - 1);
-	b = bpf_map_lookup_elem(&rrl_names, &idx);
+	__u32 idx = k & ((1 << NAME_BUCKET_SHIFT) - 1);
+	struct name_bucket *b = bpf_map_lookup_elem(&rrl_names, &idx);
 	if (!b)
 		return -1;
 	return name_lookup(b, k, gen, 0);
+}
+
+// apex_value is name_value for the apexes table.
+static __always_inline int apex_value(__u64 k, __u64 gen)
+{
+	__u32 idx = k & ((1 << APEX_BUCKET_SHIFT) - 1);
+	struct name_bucket *b = bpf_map_lookup_elem(&rrl_apexes, &idx);
+	if (!b)
+		return -1;
+	return name_lookup(b, k, gen, APEX_PINNED);
 }
 
 // suffix_at returns the key of the suffix i labels down from the name. The index
@@ -355,7 +355,7 @@ static long zone_turn(__u64 k, void *arg)
 		return 1;
 	__u64 d = fls64(a->m);
 	a->m &= ~(1ULL << d);
-	int v = name_value(suffix_at(sc, a->labels - d), a->gen, 1);
+	int v = apex_value(suffix_at(sc, a->labels - d), a->gen);
 	if (v >= 0 && (v & APEX_DEPTH_MASK) == d) {
 		a->depth = d;
 		return 1;
@@ -388,7 +388,7 @@ static __always_inline int wild_at(struct name_scratch *sc, __u64 labels, __u64 
 {
 	if (labels < i + depth)
 		return 0;
-	int v = name_value(suffix_at(sc, i), gen, 0);
+	int v = name_value(suffix_at(sc, i), gen);
 	return v >= 0 && (v & NAME_WILDCARD);
 }
 
@@ -430,7 +430,7 @@ __noinline int name_classify(__u64 labels, __u64 now)
 		return -1;
 	sc->zone = suffix_at(sc, labels - depth);
 	sc->depth = depth;
-	int v = name_value(sc->suffix[0], gen, 0);
+	int v = name_value(sc->suffix[0], gen);
 	if (v >= 0 && (v & NAME_EXISTS)) {
 		sc->known = 1;
 		sc->unit = sc->suffix[0];
