@@ -248,6 +248,10 @@ __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 		return -NAME_SHORT;
 	if (load_net(ctx, dns_off + DNS_HEADER_LEN, sc->b, n))
 		return -NAME_SHORT;
+	// The root's key first: the chain waits on it, and computed here it overlaps
+	// the walk.
+	__u64 root = mix64(seed);
+	barrier_var(root);
 	sc->i = 0;
 	sc->labels = 0;
 	struct name_walk w = {.sc = sc, .seed = seed, .len = len, .err = -NAME_TOO_LONG};
@@ -262,7 +266,7 @@ __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 	if (labels > NAME_MAX_LABELS)
 		return -NAME_TOO_LONG;
 	// The chain, from the root down: suffix(i) = mix64(suffix(i+1) ^ label(i)).
-	struct name_chain c = {.sc = sc, .s = mix64(seed), .labels = labels};
+	struct name_chain c = {.sc = sc, .s = root, .labels = labels};
 	sc->suffix[labels & NAME_MAX_LABELS] = c.s;
 	bpf_loop((labels + 3) / 4, name_link, &c, 0);
 	return labels;
