@@ -18,8 +18,22 @@ import (
 // loadBenchFilter loads the production program and maps with cfg's settings.
 func loadBenchFilter(b *testing.B, rps string) *kernelObjects {
 	b.Helper()
+	return loadBenchFilterCaps(b, rps, false)
+}
+
+// loadBenchFilterCaps is loadBenchFilter, loaded as a process with CAP_BPF but not
+// CAP_PERFMON would load it if capbpf: with the verifier's Spectre mitigations.
+func loadBenchFilterCaps(b *testing.B, rps string, capbpf bool) *kernelObjects {
+	b.Helper()
 	requireBPF(b)
-	objs, err := loadKernelObjects()
+	var objs *kernelObjects
+	var err error
+	load := func() { objs, err = loadKernelObjects() }
+	if capbpf {
+		withoutPerfmon(b, load)
+	} else {
+		load()
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
