@@ -88,6 +88,13 @@ struct {
 	__type(value, struct name_scratch);
 } rrl_name_scratch SEC(".maps");
 
+// The names judge's constant map keys, read from the object's read-only data rather
+// than written to the stack: for a process without CAP_PERFMON the verifier puts a
+// speculation barrier after a write to a stack slot it last saw uninitialised, and a
+// key written to the stack is such a write at every call of a function.
+static const __u32 name_key_zero = 0;
+static const __u32 name_key_depths = APEX_DEPTHS_BUCKET;
+
 // lower8 folds the ASCII capitals among the eight bytes of w (rrl.go's lower8).
 static __always_inline __u64 lower8(__u64 w)
 {
@@ -232,8 +239,7 @@ static __always_inline __u64 name_where(const struct packet *p)
 // indexes into the scratch are values it cannot know (see node_count).
 __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 {
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
 	if (!sc)
 		return -NAME_SHORT;
 	__u32 dns_off = where >> 32, dns_len = where & 0xffff;
@@ -353,8 +359,7 @@ struct name_apexes {
 static long zone_turn(__u64 k, void *arg)
 {
 	struct name_apexes *a = arg;
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
 	if (!sc || !a->m)
 		return 1;
 	__u64 d = fls64(a->m);
@@ -375,8 +380,7 @@ static long zone_turn(__u64 k, void *arg)
 // ended; and the depths are turns of bpf_loop, checked once.
 __noinline int name_zone(__u64 labels, __u64 gen)
 {
-	__u32 key = APEX_DEPTHS_BUCKET;
-	struct name_bucket *db = bpf_map_lookup_elem(&rrl_apexes, &key);
+	struct name_bucket *db = bpf_map_lookup_elem(&rrl_apexes, &name_key_depths);
 	if (!db || labels > NAME_MAX_LABELS)
 		return -1;
 	struct name_apexes a = {.m = db->w[0] & ~1ULL, .labels = labels, .gen = gen};
@@ -402,8 +406,7 @@ static __always_inline int wild_at(struct name_scratch *sc, __u64 labels, __u64 
 // mispredicted exit no room to bound its counter.
 __noinline int name_wild(__u64 labels, __u64 depth, __u64 gen)
 {
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
 	_Static_assert(NAME_WILD_UP == 4, "name_wild takes four steps");
 	if (!sc)
 		return 0;
@@ -424,8 +427,7 @@ __noinline int name_wild(__u64 labels, __u64 depth, __u64 gen)
 // scratch, and returns whether the name is known (1), or -1 when a lookup fails.
 __noinline int name_classify(__u64 labels, __u64 now)
 {
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
 	if (!sc || labels > NAME_MAX_LABELS)
 		return -1;
 	__u64 gen = now >> NAME_GEN_SHIFT & 0xffff;
@@ -455,9 +457,9 @@ __noinline int name_classify(__u64 labels, __u64 now)
 // judge but the draw, and only packets of a filter with names on call it.
 __noinline __u64 names_count(struct rrl_ctx *ctx, __u64 where, __u64 now, __u32 slot)
 {
-	__u32 zero = 0, key = 1 + (slot & 1);
+	__u32 key = 1 + (slot & 1);
 	struct settings *s = bpf_map_lookup_elem(&rrl_settings, &key);
-	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
+	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &name_key_zero);
 	if (!s)
 		return 0;
 	int labels = name_read(ctx, where, s->name_seed);
@@ -472,7 +474,7 @@ __noinline __u64 names_count(struct rrl_ctx *ctx, __u64 where, __u64 now, __u32 
 		count(c, COUNTER_NAMES_KNOWN);
 		return 0;
 	}
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
 	if (!sc)
 		return 0;
 	fp_t min = 0;
