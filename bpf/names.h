@@ -69,9 +69,19 @@ struct {
 // of the name (qname.suffix: first the label hashes, then the chain over them in
 // place), and what name_classify says of it.
 struct name_scratch {
-	// name_turn's state between turns: i the current length byte from the end of
-	// the header, labels the labels read.
-	__u64 i, labels;
+	// The state of name_read's and name_zone's loops, kept here rather than in a
+	// context on the stack, whose every field a process without CAP_PERFMON pays a
+	// speculation barrier to write. name_turn's: i the current length byte from the
+	// end of the header, labels the labels read, seed and len (the message's length
+	// after its header) its inputs, err a negated name_err (0 when the root was
+	// read). name_link's: chain the last suffix's key, base the turn bpf_loop's
+	// turn 0 is. zone_turn's (struct name_apexes).
+	__u64 i, labels, seed, len;
+	__s64 err;
+	__u64 chain;
+	struct name_apexes {
+		__u64 m, labels, gen, depth;
+	} apexes;
 	__u64 index;              // suffix_at's index
 	__u8 b[NAME_SCAN_MASK + 1 + 8];
 	__u64 suffix[NAME_MAX_LABELS + 1];
@@ -106,14 +116,6 @@ static __always_inline __u64 lower8(__u64 w)
 	return w | upper >> 2;
 }
 
-// name_walk is what name_turn needs beside the scratch, and what it says.
-struct name_walk {
-	struct name_scratch *sc;
-	__u64 seed;
-	__u64 len;                // the message's length after its header
-	__s64 err;                // a negated name_err, 0 when the root was read
-};
-
 // name_word hashes into h the label's word j bytes into it (the label l bytes long
 // from at in the scratch), zero padded past its end.
 static __always_inline __u64 name_word(struct name_scratch *sc, __u64 h, __u64 at, __u64 l, __u64 j)
@@ -135,31 +137,32 @@ static __always_inline __u64 name_word(struct name_scratch *sc, __u64 h, __u64 a
 // behind a test of the label's length.
 static long name_turn(__u64 k, void *arg)
 {
-	struct name_walk *w = arg;
-	struct name_scratch *sc = w->sc;
-	__u64 i = sc->i, len = w->len;
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
+	if (!sc)
+		return 1;
+	__u64 i = sc->i, len = sc->len;
 	if (i >= len) {
-		w->err = -NAME_SHORT;
+		sc->err = -NAME_SHORT;
 		return 1;
 	}
 	__u64 l = sc->b[i & NAME_SCAN_MASK];
 	if (l == 0) {
-		w->err = 0;
+		sc->err = 0;
 		return 1;
 	}
 	if (l & 0xc0) {
-		w->err = (l >> 6) == 3 ? -NAME_POINTER : -NAME_LABEL_TYPE;
+		sc->err = (l >> 6) == 3 ? -NAME_POINTER : -NAME_LABEL_TYPE;
 		return 1;
 	}
 	if (i + l + 2 > NAME_MAX_WIRE) {
-		w->err = -NAME_TOO_LONG;
+		sc->err = -NAME_TOO_LONG;
 		return 1;
 	}
 	if (i + 1 + l > len) {
-		w->err = -NAME_SHORT;
+		sc->err = -NAME_SHORT;
 		return 1;
 	}
-	__u64 h = w->seed ^ l, at = i + 1;
+	__u64 h = sc->seed ^ l, at = i + 1;
 	h = name_word(sc, h, at, l, 0);
 	if (l > 8)
 		h = name_word(sc, h, at, l, 8);
@@ -182,20 +185,14 @@ static long name_turn(__u64 k, void *arg)
 	return 0;
 }
 
-// name_chain is name_link's state: the last suffix's key and the labels.
-struct name_chain {
-	struct name_scratch *sc;
-	__u64 s;
-	__u64 labels;
-};
-
 // name_link_one links the suffix j labels down from the name: mix64(the suffix
 // above ^ its label's hash).
-static __always_inline void name_link_one(struct name_chain *c, struct name_scratch *sc, __u64 j)
+static __always_inline void name_link_one(struct name_scratch *sc, __u64 j)
 {
 	j &= NAME_MAX_LABELS;
-	c->s = mix64(c->s ^ sc->suffix[j]);
-	sc->suffix[j] = c->s;
+	__u64 s = mix64(sc->chain ^ sc->suffix[j]);
+	sc->chain = s;
+	sc->suffix[j] = s;
 }
 
 // name_link is turn k of the chain, from the root down: it links the four suffixes
@@ -203,21 +200,22 @@ static __always_inline void name_link_one(struct name_chain *c, struct name_scra
 // out: a turn's call costs more than a link.
 static long name_link(__u64 k, void *arg)
 {
-	struct name_chain *c = arg;
-	struct name_scratch *sc = c->sc;
-	__u64 labels = c->labels, up = 4 * k;
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
+	if (!sc)
+		return 1;
+	__u64 labels = sc->labels, up = 4 * k;
 	if (up >= labels)
 		return 1;
-	name_link_one(c, sc, labels - 1 - up);
+	name_link_one(sc, labels - 1 - up);
 	if (up + 1 >= labels)
 		return 1;
-	name_link_one(c, sc, labels - 2 - up);
+	name_link_one(sc, labels - 2 - up);
 	if (up + 2 >= labels)
 		return 1;
-	name_link_one(c, sc, labels - 3 - up);
+	name_link_one(sc, labels - 3 - up);
 	if (up + 3 >= labels)
 		return 1;
-	name_link_one(c, sc, labels - 4 - up);
+	name_link_one(sc, labels - 4 - up);
 	return 0;
 }
 
@@ -260,21 +258,23 @@ __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 	barrier_var(root);
 	sc->i = 0;
 	sc->labels = 0;
-	struct name_walk w = {.sc = sc, .seed = seed, .len = len, .err = -NAME_TOO_LONG};
+	sc->seed = seed;
+	sc->len = len;
+	sc->err = -NAME_TOO_LONG;
 	// One turn per label and one for the root: a label takes at least 2 of the
 	// name's 255 bytes, so the 128th turn reads the root or refuses the name.
-	bpf_loop(NAME_MAX_LABELS + 1, name_turn, &w, 0);
-	if (w.err)
-		return w.err;
+	bpf_loop(NAME_MAX_LABELS + 1, name_turn, NULL, 0);
+	if (sc->err)
+		return sc->err;
 	__u64 labels = sc->labels;
 	if (sc->i + 1 + 4 > len)
 		return -NAME_SHORT;
 	if (labels > NAME_MAX_LABELS)
 		return -NAME_TOO_LONG;
 	// The chain, from the root down: suffix(i) = mix64(suffix(i+1) ^ label(i)).
-	struct name_chain c = {.sc = sc, .s = root, .labels = labels};
-	sc->suffix[labels & NAME_MAX_LABELS] = c.s;
-	bpf_loop((labels + 3) / 4, name_link, &c, 0);
+	sc->chain = root;
+	sc->suffix[labels & NAME_MAX_LABELS] = root;
+	bpf_loop((labels + 3) / 4, name_link, NULL, 0);
 	return labels;
 }
 
@@ -348,19 +348,15 @@ static __always_inline __u64 suffix_at(struct name_scratch *sc, __u64 i)
 	return sc->suffix[sc->index & NAME_MAX_LABELS];
 }
 
-// name_apexes is zone_turn's state: the depths still to look at, the name's
-// labels and generation, and the depth found.
-struct name_apexes {
-	__u64 m, labels, gen, depth;
-};
-
 // zone_turn looks the deepest of the depths left up in the apexes table; it stops
 // the loop at the first live apex of its depth, or when no depth is left.
 static long zone_turn(__u64 k, void *arg)
 {
-	struct name_apexes *a = arg;
 	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
-	if (!sc || !a->m)
+	if (!sc)
+		return 1;
+	struct name_apexes *a = &sc->apexes;
+	if (!a->m)
 		return 1;
 	__u64 d = fls64(a->m);
 	a->m &= ~(1ULL << d);
@@ -381,13 +377,19 @@ static long zone_turn(__u64 k, void *arg)
 __noinline int name_zone(__u64 labels, __u64 gen)
 {
 	struct name_bucket *db = bpf_map_lookup_elem(&rrl_apexes, &name_key_depths);
-	if (!db || labels > NAME_MAX_LABELS)
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
+	if (!db || !sc || labels > NAME_MAX_LABELS)
 		return -1;
-	struct name_apexes a = {.m = db->w[0] & ~1ULL, .labels = labels, .gen = gen};
+	struct name_apexes *a = &sc->apexes;
+	__u64 m = db->w[0] & ~1ULL;
 	if (labels < 63)
-		a.m &= (1ULL << (labels + 1)) - 1;
-	bpf_loop(63, zone_turn, &a, 0);
-	return a.depth;
+		m &= (1ULL << (labels + 1)) - 1;
+	a->m = m;
+	a->labels = labels;
+	a->gen = gen;
+	a->depth = 0;
+	bpf_loop(63, zone_turn, NULL, 0);
+	return a->depth;
 }
 
 // wild_at reports whether the name's ancestor i labels up, at or below the zone's
