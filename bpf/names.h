@@ -162,7 +162,12 @@ static long name_turn(__u64 k, void *arg)
 		sc->err = -NAME_SHORT;
 		return 1;
 	}
-	__u64 h = sc->seed ^ l, at = i + 1;
+	// The next length byte's index stored now, not kept in a register through the
+	// hashing: a register spilled costs a speculation barrier without CAP_PERFMON.
+	__u64 at = i + 1;
+	sc->i = at + l;
+	barrier();
+	__u64 h = sc->seed ^ l;
 	h = name_word(sc, h, at, l, 0);
 	if (l > 8)
 		h = name_word(sc, h, at, l, 8);
@@ -181,7 +186,6 @@ static long name_turn(__u64 k, void *arg)
 	__u64 labels = sc->labels;
 	sc->suffix[labels & NAME_MAX_LABELS] = h;
 	sc->labels = labels + 1;
-	sc->i = at + l;
 	return 0;
 }
 
