@@ -50,18 +50,10 @@ func BenchmarkFilterTestRunCapacity(b *testing.B) {
 			if err := f.writeSettings(cfg); err != nil {
 				b.Fatal(err)
 			}
-			const repeat = 100000
-			var total time.Duration
-			runs := 0
-			for b.Loop() {
-				_, per, err := objs.Program.Benchmark(pkt, repeat, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				total += per * repeat
-				runs += repeat
-			}
-			b.ReportMetric(float64(total.Nanoseconds())/float64(runs), "ns/packet")
+			benchTestRun(b, func() (time.Duration, error) {
+				_, per, err := objs.Program.Benchmark(pkt, 100000, nil)
+				return per, err
+			})
 			f.cfg = cfg
 			st, err := f.Stats()
 			if err != nil {

@@ -18,8 +18,22 @@ import (
 // loadBenchFilter loads the production program and maps with cfg's settings.
 func loadBenchFilter(b *testing.B, rps string) *kernelObjects {
 	b.Helper()
+	return loadBenchFilterCaps(b, rps, false)
+}
+
+// loadBenchFilterCaps is loadBenchFilter, loaded as a process with CAP_BPF but not
+// CAP_PERFMON would load it if capbpf: with the verifier's Spectre mitigations.
+func loadBenchFilterCaps(b *testing.B, rps string, capbpf bool) *kernelObjects {
+	b.Helper()
 	requireBPF(b)
-	objs, err := loadKernelObjects()
+	var objs *kernelObjects
+	var err error
+	load := func() { objs, err = loadKernelObjects() }
+	if capbpf {
+		withoutPerfmon(b, load)
+	} else {
+		load()
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -50,18 +64,10 @@ func BenchmarkFilterTestRun(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			objs := loadBenchFilter(b, benchRPS)
-			const repeat = 100000
-			var total time.Duration
-			runs := 0
-			for b.Loop() {
-				_, per, err := objs.Program.Benchmark(c.pkt, repeat, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				total += per * repeat
-				runs += repeat
-			}
-			b.ReportMetric(float64(total.Nanoseconds())/float64(runs), "ns/packet")
+			benchTestRun(b, func() (time.Duration, error) {
+				_, per, err := objs.Program.Benchmark(c.pkt, 100000, nil)
+				return per, err
+			})
 			// The packet must have gone through the whole lattice, not a shortcut.
 			f := &Filter{objs: objs, mode: ModeEBPF, cfg: NewConfig()}
 			st, err := f.Stats()
@@ -115,18 +121,10 @@ func BenchmarkFilterTestRunCookie(b *testing.B) {
 				if err := writeCookieSecrets(objs.CookieSecrets, c.keys.Load()); err != nil {
 					b.Fatal(err)
 				}
-				const repeat = 100000
-				var total time.Duration
-				runs := 0
-				for b.Loop() {
-					_, per, err := objs.Program.Benchmark(tc.pkt, repeat, nil)
-					if err != nil {
-						b.Fatal(err)
-					}
-					total += per * repeat
-					runs += repeat
-				}
-				b.ReportMetric(float64(total.Nanoseconds())/float64(runs), "ns/packet")
+				benchTestRun(b, func() (time.Duration, error) {
+					_, per, err := objs.Program.Benchmark(tc.pkt, 100000, nil)
+					return per, err
+				})
 				f := &Filter{objs: objs, mode: ModeEBPF, cfg: NewConfig()}
 				st, err := f.Stats()
 				if err != nil {

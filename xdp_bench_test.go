@@ -306,7 +306,7 @@ func BenchmarkXDPTestRun(b *testing.B) {
 func benchXDPTestRun(b *testing.B, pkt []byte, capbpf bool) {
 	{
 		x := loadBenchXDP(b, benchRPS, capbpf)
-		runs := benchTestRun(b, func() (time.Duration, error) {
+		runs, _ := benchTestRun(b, func() (time.Duration, error) {
 			_, per, err := x.program.Benchmark(pkt, 100000, nil)
 			return per, err
 		})
@@ -322,8 +322,8 @@ func benchXDPTestRun(b *testing.B, pkt []byte, capbpf bool) {
 }
 
 // benchTestRun reports run's time per packet (100,000 a call) and returns the
-// number of packets.
-func benchTestRun(b *testing.B, run func() (time.Duration, error)) int {
+// number of packets and that time in nanoseconds.
+func benchTestRun(b *testing.B, run func() (time.Duration, error)) (int, float64) {
 	var total time.Duration
 	runs := 0
 	for b.Loop() {
@@ -334,8 +334,9 @@ func benchTestRun(b *testing.B, run func() (time.Duration, error)) int {
 		total += per * 100000
 		runs += 100000
 	}
-	b.ReportMetric(float64(total.Nanoseconds())/float64(runs), "ns/packet")
-	return runs
+	ns := float64(total.Nanoseconds()) / float64(runs)
+	b.ReportMetric(ns, "ns/packet")
+	return runs, ns
 }
 
 // benchXDP is the XDP program loaded with a bench filter's maps.

@@ -91,10 +91,18 @@ type xdpNameBucket struct {
 type xdpNameScratch struct {
 	_      structs.HostLayout
 	I      uint64
-	Left   uint64
-	At     uint64
 	Labels uint64
-	H      uint64
+	Seed   uint64
+	Len    uint64
+	Err    int64
+	Chain  uint64
+	Apexes struct {
+		_      structs.HostLayout
+		M      uint64
+		Labels uint64
+		Gen    uint64
+		Depth  uint64
+	}
 	Index  uint64
 	B      [264]uint8
 	Suffix [128]uint64

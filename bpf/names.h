@@ -69,10 +69,19 @@ struct {
 // of the name (qname.suffix: first the label hashes, then the chain over them in
 // place), and what name_classify says of it.
 struct name_scratch {
-	// name_turn's state between turns: i the current length byte from the end of
-	// the header, left the label's bytes still to hash, at the next of them, h the
-	// label's hash so far, labels the labels read.
-	__u64 i, left, at, labels, h;
+	// The state of name_read's and name_zone's loops, kept here rather than in a
+	// context on the stack, whose every field a process without CAP_PERFMON pays a
+	// speculation barrier to write. name_turn's: i the current length byte from the
+	// end of the header, labels the labels read, seed and len (the message's length
+	// after its header) its inputs, err a negated name_err (0 when the root was
+	// read). name_link's: chain the last suffix's key, base the turn bpf_loop's
+	// turn 0 is. zone_turn's (struct name_apexes).
+	__u64 i, labels, seed, len;
+	__s64 err;
+	__u64 chain;
+	struct name_apexes {
+		__u64 m, labels, gen, depth;
+	} apexes;
 	__u64 index;              // suffix_at's index
 	__u8 b[NAME_SCAN_MASK + 1 + 8];
 	__u64 suffix[NAME_MAX_LABELS + 1];
@@ -89,6 +98,13 @@ struct {
 	__type(value, struct name_scratch);
 } rrl_name_scratch SEC(".maps");
 
+// The names judge's constant map keys, read from the object's read-only data rather
+// than written to the stack: for a process without CAP_PERFMON the verifier puts a
+// speculation barrier after a write to a stack slot it last saw uninitialised, and a
+// key written to the stack is such a write at every call of a function.
+static const __u32 name_key_zero = 0;
+static const __u32 name_key_depths = APEX_DEPTHS_BUCKET;
+
 // lower8 folds the ASCII capitals among the eight bytes of w (rrl.go's lower8).
 static __always_inline __u64 lower8(__u64 w)
 {
@@ -100,88 +116,110 @@ static __always_inline __u64 lower8(__u64 w)
 	return w | upper >> 2;
 }
 
-// name_walk is what name_turn needs beside the scratch's state, and what it says.
-struct name_walk {
-	struct name_scratch *sc;
-	__u64 seed;
-	__u64 len;                // the message's length after its header
-	__s64 err;                // a negated name_err, 0 when the root was read
-};
+// name_word hashes into h the label's word j bytes into it (the label l bytes long
+// from at in the scratch), zero padded past its end.
+static __always_inline __u64 name_word(struct name_scratch *sc, __u64 h, __u64 at, __u64 l, __u64 j)
+{
+	__u64 x;
+	__builtin_memcpy(&x, &sc->b[(at + j) & NAME_SCAN_MASK], sizeof(x));
+	x = le64(x);
+	if (l - j < 8)
+		x &= (1ULL << ((l - j) * 8)) - 1;
+	h = (h ^ lower8(x)) * NAME_MUL;
+	return h ^ h >> 31;
+}
 
-// name_turn is one turn of name_read's walk: it reads a length byte, or hashes
-// the next 8 bytes of a label (zero padded: labelHash in names.go). Its state (the
-// scratch's i, left, at, labels and h) is kept in memory, and bpf_loop calls it, so
-// that the verifier checks one turn rather than every sequence of label lengths
-// (a turn per label, hashing its words in a loop, took it ten seconds to check).
+// name_turn is one turn of name_read's walk: it reads a length byte and hashes the
+// whole label after it, 8 bytes at a time, zero padded (labelHash in names.go). Its
+// state between turns (the scratch's i and labels) is kept in memory, and bpf_loop
+// calls it, so that the verifier checks one turn rather than every sequence of label
+// lengths. A label is at most 63 bytes, 8 words: the words are written out, each
+// behind a test of the label's length.
 static long name_turn(__u64 k, void *arg)
 {
-	struct name_walk *w = arg;
-	struct name_scratch *sc = w->sc;
-	__u64 left = sc->left;
-	if (left) {
-		__u64 at = sc->at, x, h = sc->h;
-		__builtin_memcpy(&x, &sc->b[at & NAME_SCAN_MASK], sizeof(x));
-		x = le64(x);
-		if (left < 8)
-			x &= (1ULL << (left * 8)) - 1;
-		h = (h ^ lower8(x)) * NAME_MUL;
-		h ^= h >> 31;
-		sc->h = h;
-		sc->at = at + 8;
-		left = left < 8 ? 0 : left - 8;
-		sc->left = left;
-		if (!left) {
-			__u64 labels = sc->labels;
-			sc->suffix[labels & NAME_MAX_LABELS] = h;
-			sc->labels = labels + 1;
-		}
-		return 0;
-	}
-	__u64 i = sc->i, len = w->len;
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
+	if (!sc)
+		return 1;
+	__u64 i = sc->i, len = sc->len;
 	if (i >= len) {
-		w->err = -NAME_SHORT;
+		sc->err = -NAME_SHORT;
 		return 1;
 	}
 	__u64 l = sc->b[i & NAME_SCAN_MASK];
 	if (l == 0) {
-		w->err = 0;
+		sc->err = 0;
 		return 1;
 	}
 	if (l & 0xc0) {
-		w->err = (l >> 6) == 3 ? -NAME_POINTER : -NAME_LABEL_TYPE;
+		sc->err = (l >> 6) == 3 ? -NAME_POINTER : -NAME_LABEL_TYPE;
 		return 1;
 	}
 	if (i + l + 2 > NAME_MAX_WIRE) {
-		w->err = -NAME_TOO_LONG;
+		sc->err = -NAME_TOO_LONG;
 		return 1;
 	}
 	if (i + 1 + l > len) {
-		w->err = -NAME_SHORT;
+		sc->err = -NAME_SHORT;
 		return 1;
 	}
-	sc->h = w->seed ^ l;
-	sc->left = l;
-	sc->at = i + 1;
-	sc->i = i + 1 + l;
+	// The next length byte's index stored now, not kept in a register through the
+	// hashing: a register spilled costs a speculation barrier without CAP_PERFMON.
+	__u64 at = i + 1;
+	sc->i = at + l;
+	barrier();
+	__u64 h = sc->seed ^ l;
+	h = name_word(sc, h, at, l, 0);
+	if (l > 8)
+		h = name_word(sc, h, at, l, 8);
+	if (l > 16)
+		h = name_word(sc, h, at, l, 16);
+	if (l > 24)
+		h = name_word(sc, h, at, l, 24);
+	if (l > 32)
+		h = name_word(sc, h, at, l, 32);
+	if (l > 40)
+		h = name_word(sc, h, at, l, 40);
+	if (l > 48)
+		h = name_word(sc, h, at, l, 48);
+	if (l > 56)
+		h = name_word(sc, h, at, l, 56);
+	__u64 labels = sc->labels;
+	sc->suffix[labels & NAME_MAX_LABELS] = h;
+	sc->labels = labels + 1;
 	return 0;
 }
 
-// name_chain is name_link's state: the last suffix's key and the labels.
-struct name_chain {
-	struct name_scratch *sc;
-	__u64 s;
-	__u64 labels;
-};
+// name_link_one links the suffix j labels down from the name: mix64(the suffix
+// above ^ its label's hash).
+static __always_inline void name_link_one(struct name_scratch *sc, __u64 j)
+{
+	j &= NAME_MAX_LABELS;
+	__u64 s = mix64(sc->chain ^ sc->suffix[j]);
+	sc->chain = s;
+	sc->suffix[j] = s;
+}
 
-// name_link is turn k of the chain, from the root down: the suffix labels-1-k
-// labels down from the name gets mix64(the suffix above ^ its label's hash).
+// name_link is turn k of the chain, from the root down: it links the four suffixes
+// 4k+1 to 4k+4 labels up from the root, and stops at the name. Four a turn, written
+// out: a turn's call costs more than a link.
 static long name_link(__u64 k, void *arg)
 {
-	struct name_chain *c = arg;
-	struct name_scratch *sc = c->sc;
-	__u64 j = (c->labels - 1 - k) & NAME_MAX_LABELS;
-	c->s = mix64(c->s ^ sc->suffix[j]);
-	sc->suffix[j] = c->s;
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
+	if (!sc)
+		return 1;
+	__u64 labels = sc->labels, up = 4 * k;
+	if (up >= labels)
+		return 1;
+	name_link_one(sc, labels - 1 - up);
+	if (up + 1 >= labels)
+		return 1;
+	name_link_one(sc, labels - 2 - up);
+	if (up + 2 >= labels)
+		return 1;
+	name_link_one(sc, labels - 3 - up);
+	if (up + 3 >= labels)
+		return 1;
+	name_link_one(sc, labels - 4 - up);
 	return 0;
 }
 
@@ -203,8 +241,7 @@ static __always_inline __u64 name_where(const struct packet *p)
 // indexes into the scratch are values it cannot know (see node_count).
 __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 {
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
 	if (!sc)
 		return -NAME_SHORT;
 	__u32 dns_off = where >> 32, dns_len = where & 0xffff;
@@ -219,23 +256,29 @@ __noinline int name_read(struct rrl_ctx *ctx, __u64 where, __u64 seed)
 		return -NAME_SHORT;
 	if (load_net(ctx, dns_off + DNS_HEADER_LEN, sc->b, n))
 		return -NAME_SHORT;
+	// The root's key first: the chain waits on it, and computed here it overlaps
+	// the walk.
+	__u64 root = mix64(seed);
+	barrier_var(root);
 	sc->i = 0;
-	sc->left = 0;
 	sc->labels = 0;
-	struct name_walk w = {.sc = sc, .seed = seed, .len = len, .err = -NAME_TOO_LONG};
-	// One turn per length byte and one per 8 bytes of a label: at most 255.
-	bpf_loop(NAME_MAX_WIRE, name_turn, &w, 0);
-	if (w.err)
-		return w.err;
+	sc->seed = seed;
+	sc->len = len;
+	sc->err = -NAME_TOO_LONG;
+	// One turn per label and one for the root: a label takes at least 2 of the
+	// name's 255 bytes, so the 128th turn reads the root or refuses the name.
+	bpf_loop(NAME_MAX_LABELS + 1, name_turn, NULL, 0);
+	if (sc->err)
+		return sc->err;
 	__u64 labels = sc->labels;
 	if (sc->i + 1 + 4 > len)
 		return -NAME_SHORT;
 	if (labels > NAME_MAX_LABELS)
 		return -NAME_TOO_LONG;
 	// The chain, from the root down: suffix(i) = mix64(suffix(i+1) ^ label(i)).
-	struct name_chain c = {.sc = sc, .s = mix64(seed), .labels = labels};
-	sc->suffix[labels & NAME_MAX_LABELS] = c.s;
-	bpf_loop(labels, name_link, &c, 0);
+	sc->chain = root;
+	sc->suffix[labels & NAME_MAX_LABELS] = root;
+	bpf_loop((labels + 3) / 4, name_link, NULL, 0);
 	return labels;
 }
 
@@ -276,25 +319,25 @@ static __always_inline __u64 fls64(__u64 m)
 	return ((m * 0x0101010101010101ULL) >> 56) - 1;
 }
 
-// name_value looks k up in the names table (apex 0) or the apexes table (apex 1):
-// the value of its live entry, or -1. A global function: checked once, not at every
-// turn of its callers' loops.
-__noinline int name_value(__u64 k, __u64 gen, __u64 apex)
+// name_value looks k up in the names table: the value of its live entry, or -1.
+// Inlined: a call costs more than the lookup.
+static __always_inline int name_value(__u64 k, __u64 gen)
 {
-	__u32 idx;
-	struct name_bucket *b;
-	if (apex) {
-		idx = k & ((1 << APEX_BUCKET_SHIFT) - 1);
-		b = bpf_map_lookup_elem(&rrl_apexes, &idx);
-		if (!b)
-			return -1;
-		return name_lookup(b, k, gen, APEX_PINNED);
-	}
-	idx = k & ((1 << NAME_BUCKET_SHIFT) - 1);
-	b = bpf_map_lookup_elem(&rrl_names, &idx);
+	__u32 idx = k & ((1 << NAME_BUCKET_SHIFT) - 1);
+	struct name_bucket *b = bpf_map_lookup_elem(&rrl_names, &idx);
 	if (!b)
 		return -1;
 	return name_lookup(b, k, gen, 0);
+}
+
+// apex_value is name_value for the apexes table.
+static __always_inline int apex_value(__u64 k, __u64 gen)
+{
+	__u32 idx = k & ((1 << APEX_BUCKET_SHIFT) - 1);
+	struct name_bucket *b = bpf_map_lookup_elem(&rrl_apexes, &idx);
+	if (!b)
+		return -1;
+	return name_lookup(b, k, gen, APEX_PINNED);
 }
 
 // suffix_at returns the key of the suffix i labels down from the name. The index
@@ -309,24 +352,19 @@ static __always_inline __u64 suffix_at(struct name_scratch *sc, __u64 i)
 	return sc->suffix[sc->index & NAME_MAX_LABELS];
 }
 
-// name_apexes is zone_turn's state: the depths still to look at, the name's
-// labels and generation, and the depth found.
-struct name_apexes {
-	__u64 m, labels, gen, depth;
-};
-
 // zone_turn looks the deepest of the depths left up in the apexes table; it stops
 // the loop at the first live apex of its depth, or when no depth is left.
 static long zone_turn(__u64 k, void *arg)
 {
-	struct name_apexes *a = arg;
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
-	if (!sc || !a->m)
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
+	if (!sc)
+		return 1;
+	struct name_apexes *a = &sc->apexes;
+	if (!a->m)
 		return 1;
 	__u64 d = fls64(a->m);
 	a->m &= ~(1ULL << d);
-	int v = name_value(suffix_at(sc, a->labels - d), a->gen, 1);
+	int v = apex_value(suffix_at(sc, a->labels - d), a->gen);
 	if (v >= 0 && (v & APEX_DEPTH_MASK) == d) {
 		a->depth = d;
 		return 1;
@@ -342,15 +380,20 @@ static long zone_turn(__u64 k, void *arg)
 // ended; and the depths are turns of bpf_loop, checked once.
 __noinline int name_zone(__u64 labels, __u64 gen)
 {
-	__u32 key = APEX_DEPTHS_BUCKET;
-	struct name_bucket *db = bpf_map_lookup_elem(&rrl_apexes, &key);
-	if (!db || labels > NAME_MAX_LABELS)
+	struct name_bucket *db = bpf_map_lookup_elem(&rrl_apexes, &name_key_depths);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
+	if (!db || !sc || labels > NAME_MAX_LABELS)
 		return -1;
-	struct name_apexes a = {.m = db->w[0] & ~1ULL, .labels = labels, .gen = gen};
+	struct name_apexes *a = &sc->apexes;
+	__u64 m = db->w[0] & ~1ULL;
 	if (labels < 63)
-		a.m &= (1ULL << (labels + 1)) - 1;
-	bpf_loop(63, zone_turn, &a, 0);
-	return a.depth;
+		m &= (1ULL << (labels + 1)) - 1;
+	a->m = m;
+	a->labels = labels;
+	a->gen = gen;
+	a->depth = 0;
+	bpf_loop(63, zone_turn, NULL, 0);
+	return a->depth;
 }
 
 // wild_at reports whether the name's ancestor i labels up, at or below the zone's
@@ -359,7 +402,7 @@ static __always_inline int wild_at(struct name_scratch *sc, __u64 labels, __u64 
 {
 	if (labels < i + depth)
 		return 0;
-	int v = name_value(suffix_at(sc, i), gen, 0);
+	int v = name_value(suffix_at(sc, i), gen);
 	return v >= 0 && (v & NAME_WILDCARD);
 }
 
@@ -369,8 +412,7 @@ static __always_inline int wild_at(struct name_scratch *sc, __u64 labels, __u64 
 // mispredicted exit no room to bound its counter.
 __noinline int name_wild(__u64 labels, __u64 depth, __u64 gen)
 {
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
 	_Static_assert(NAME_WILD_UP == 4, "name_wild takes four steps");
 	if (!sc)
 		return 0;
@@ -391,8 +433,7 @@ __noinline int name_wild(__u64 labels, __u64 depth, __u64 gen)
 // scratch, and returns whether the name is known (1), or -1 when a lookup fails.
 __noinline int name_classify(__u64 labels, __u64 now)
 {
-	__u32 zero = 0;
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
 	if (!sc || labels > NAME_MAX_LABELS)
 		return -1;
 	__u64 gen = now >> NAME_GEN_SHIFT & 0xffff;
@@ -401,7 +442,7 @@ __noinline int name_classify(__u64 labels, __u64 now)
 		return -1;
 	sc->zone = suffix_at(sc, labels - depth);
 	sc->depth = depth;
-	int v = name_value(sc->suffix[0], gen, 0);
+	int v = name_value(sc->suffix[0], gen);
 	if (v >= 0 && (v & NAME_EXISTS)) {
 		sc->known = 1;
 		sc->unit = sc->suffix[0];
@@ -422,9 +463,9 @@ __noinline int name_classify(__u64 labels, __u64 now)
 // judge but the draw, and only packets of a filter with names on call it.
 __noinline __u64 names_count(struct rrl_ctx *ctx, __u64 where, __u64 now, __u32 slot)
 {
-	__u32 zero = 0, key = 1 + (slot & 1);
+	__u32 key = 1 + (slot & 1);
 	struct settings *s = bpf_map_lookup_elem(&rrl_settings, &key);
-	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &zero);
+	struct counters *c = bpf_map_lookup_elem(&rrl_counters, &name_key_zero);
 	if (!s)
 		return 0;
 	int labels = name_read(ctx, where, s->name_seed);
@@ -439,7 +480,7 @@ __noinline __u64 names_count(struct rrl_ctx *ctx, __u64 where, __u64 now, __u32 
 		count(c, COUNTER_NAMES_KNOWN);
 		return 0;
 	}
-	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &zero);
+	struct name_scratch *sc = bpf_map_lookup_elem(&rrl_name_scratch, &name_key_zero);
 	if (!sc)
 		return 0;
 	fp_t min = 0;
