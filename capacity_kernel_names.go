@@ -4,7 +4,6 @@ package rrl
 
 import (
 	"encoding/binary"
-	"fmt"
 )
 
 // The kernel filter as a names source (capacity_names.go's namesSource): the capacity
@@ -81,25 +80,7 @@ func (k *kernelCapacity) readZoneBlock() {
 // applyNames writes the names level into the settings (0: none), with the water
 // level in force: one more slot flip.
 func (k *kernelCapacity) applyNames(level float64) error {
-	f := k.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !k.mine() {
-		return nil
-	}
-	if f.pin != nil {
-		f.refreshPinnedConfig() // never write back a Config another process replaced
-	}
-	prev := f.capacity.namesLevel
-	f.capacity.namesLevel = level
-	if err := f.writeSettings(f.cfg); err != nil {
-		f.capacity.namesLevel = prev
-		return fmt.Errorf("rrl: capacity: write the names level: %w", err)
-	}
-	if f.pin != nil {
-		k.gen = f.settingsGeneration()
-	}
-	return nil
+	return k.writeLevel(&k.f.capacity.namesLevel, level, "the names level")
 }
 
 // takeNamesRewrite reports once that another process's write lifted the names

@@ -260,6 +260,12 @@ func (k *kernelCapacity) readCells() bool {
 }
 
 func (k *kernelCapacity) apply(level float64) error {
+	return k.writeLevel(&k.f.capacity.level, level, "the limits")
+}
+
+// writeLevel sets *field (one of f.capacity's levels) to level and writes the
+// settings, restoring it when the write fails; what names it in the error.
+func (k *kernelCapacity) writeLevel(field *float64, level float64, what string) error {
 	f := k.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -270,11 +276,11 @@ func (k *kernelCapacity) apply(level float64) error {
 		// Never write back a Config another process replaced meanwhile.
 		f.refreshPinnedConfig()
 	}
-	prev := f.capacity.level
-	f.capacity.level = level
+	prev := *field
+	*field = level
 	if err := f.writeSettings(f.cfg); err != nil {
-		f.capacity.level = prev
-		return fmt.Errorf("rrl: capacity: write the limits: %w", err)
+		*field = prev
+		return fmt.Errorf("rrl: capacity: write %s: %w", what, err)
 	}
 	if f.pin != nil {
 		k.gen = f.settingsGeneration()

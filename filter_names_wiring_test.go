@@ -166,20 +166,7 @@ func TestPinnedNamesShared(t *testing.T) {
 // writes the names level into the settings the program runs, as the Go Limiter's
 // params have it, and lifts it.
 func TestKernelNamesSource(t *testing.T) {
-	requireBPF(t)
-	cfg := NewConfig()
-	if err := cfg.SetValue("capacity", "auto"); err != nil {
-		t.Fatal(err)
-	}
-	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
-	f, err := Attach(srv.conn, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	f.mu.Lock()
-	k := &kernelCapacity{f: f, run: f.capacity.run}
-	f.mu.Unlock()
+	f, k, srv := kernelNamesSource(t)
 	var _ namesSource = k
 	if !k.namesOn() {
 		t.Fatal("names off with capacity on")
@@ -232,7 +219,7 @@ func TestKernelNamesSource(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := latticeOf(cfg)
+		p := latticeOf(f.cfg)
 		p.applyNamesLevel(level)
 		if set.NamesOn != 1 || set.NamesLimit != uint64(p.names.limit) || set.NamesTrip != uint64(p.names.trip) {
 			t.Errorf("level %g: settings names (on %d, limit %d, trip %d), Go params %+v", level, set.NamesOn, set.NamesLimit, set.NamesTrip, p.names)
@@ -295,20 +282,7 @@ func TestFilterNamesOffLearnsNothing(t *testing.T) {
 // learnt are dead, as the Go Limiter's source does its own: the answer path no
 // longer sweeps, so without it the kernel's tables would fill with dead entries.
 func TestKernelNamesSweepInTick(t *testing.T) {
-	requireBPF(t)
-	cfg := NewConfig()
-	if err := cfg.SetValue("capacity", "auto"); err != nil {
-		t.Fatal(err)
-	}
-	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
-	f, err := Attach(srv.conn, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	f.mu.Lock()
-	k := &kernelCapacity{f: f, run: f.capacity.run}
-	f.mu.Unlock()
+	f, k, _ := kernelNamesSource(t)
 	var _ namesTicker = k
 	f.names.mu.RLock()
 	lr := f.names.learner
@@ -399,4 +373,26 @@ func TestHandlerWithFilterTeachesKernelNames(t *testing.T) {
 			}
 		})
 	}
+}
+
+// kernelNamesSource attaches an eBPF filter with the capacity mode (names on by
+// default) to a new loopback socket, closed at the test's end, and returns it with
+// its capacity controller's source and the socket.
+func kernelNamesSource(t *testing.T) (*Filter, *kernelCapacity, *udpServer) {
+	t.Helper()
+	requireBPF(t)
+	cfg := NewConfig()
+	if err := cfg.SetValue("capacity", "auto"); err != nil {
+		t.Fatal(err)
+	}
+	srv := newUDPServer(t, "udp4", "127.0.0.1:0")
+	f, err := Attach(srv.conn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	f.mu.Lock()
+	k := &kernelCapacity{f: f, run: f.capacity.run}
+	f.mu.Unlock()
+	return f, k, srv
 }
