@@ -444,6 +444,11 @@ type capacityController struct {
 	correction float64 // multiplies the target the sketches are solved for
 	target     float64 // the judged rate the level aims at (R less the fixed load)
 	overloads  uint64
+	// absorb is the rate of random names (the names judge's unknown tier) that
+	// passed, which the names level gives up first when R is cut
+	// (namesController.absorb): the source lattice aims that much over R. Set by
+	// the driver before each step; 0 without a names level in force.
+	absorb float64
 }
 
 func newCapacityController(configured float64) *capacityController {
@@ -615,9 +620,10 @@ func (c *capacityController) regulate(now int64, secs float64, start bool) {
 }
 
 // solve sets the water level at which the sketches' model admits R less the fixed
-// load, corrected by what the limits measured to admit.
+// load (plus the random names the names level gives up first, absorb), corrected by
+// what the limits measured to admit.
 func (c *capacityController) solve(now int64) {
-	target := max(c.rate-c.fixed, capacityFloor*c.rate)
+	target := max(c.rate-c.fixed, capacityFloor*c.rate) + c.absorb
 	c.target = target
 	if c.aimed == 0 {
 		c.aimed = target
