@@ -647,6 +647,14 @@ func (c *capacityController) solve(now int64) {
 		// sender catching up), or a flood that grows, are not let through
 		// whole before the next read.
 		c.level = capacityTop(c.nodes)
+		if c.absorb > 0 {
+			// Random names take the room, and the names level gives it up
+			// first: the heaviest groups (the real sources, the resolvers'
+			// users and other zones' clients) are held over their rate, not at
+			// it, where their arrivals' own noise would trim them by a few
+			// percent. A known-name source that grows is met at the next read.
+			c.level *= namesTopRoom
+		}
 	}
 }
 
