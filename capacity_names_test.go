@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -273,6 +274,8 @@ func TestNamesSweepInTick(t *testing.T) {
 // bursts) and the server reads at least 85% of what it could. Without the source
 // lattice aiming past the random names (noAbsorb) the same seeds are logged (92-98%):
 // each cut of R trimmed the heaviest real sources before the names level followed.
+// And a flood of existing names from one /24 runs query for query as without absorb,
+// its light /24s 99% answered: known-name floods stay a source matter.
 func TestNamesSimFlood(t *testing.T) {
 	const (
 		floodFrom, end = time.Second, 6 * time.Second
@@ -306,6 +309,27 @@ func TestNamesSimFlood(t *testing.T) {
 	pick := func(pool [][]byte) func(r *rand.Rand) []byte {
 		return func(r *rand.Rand) []byte { return pool[r.IntN(len(pool))] }
 	}
+	// A flood of existing names from one /24 stays the source lattice's: nothing
+	// passes as a random name, so the lattice aims at R alone and the run is the
+	// same, query for query, as one without absorb.
+	t.Run("known-name flood", func(t *testing.T) {
+		var runs [2]*simResult
+		for i, noAbsorb := range []bool{false, true} {
+			srv := simServer{capacity: 3000, queueLen: 256, names: true, teach: teach, noAbsorb: noAbsorb}
+			runs[i] = srv.run(t, end, []simSource{
+				{name: "light", rate: 600, query: pick(known), addr: evenNets(50), regular: true},
+				{name: "flood", rate: 9000, from: floodFrom, query: pick(known), addr: subnet24(10, 200, 7)},
+			})
+		}
+		for _, name := range []string{"light", "flood"} {
+			if !slices.Equal(runs[0].served[name], runs[1].served[name]) {
+				t.Errorf("%s answered per second %v with absorb, %v without: a known-name flood moved the source lattice's aim", name, runs[0].served[name], runs[1].served[name])
+			}
+		}
+		if light := runs[0].share("light", judgeFrom, int(end/time.Second)); light < 0.99 {
+			t.Errorf("light /24s asking existing names answered %.4f under a known-name flood, want >= 0.99", light)
+		}
+	})
 	for seed := range uint64(seeds) {
 		for _, noAbsorb := range []bool{false, true} {
 			r := rand.New(rand.NewPCG(seed, 41))
