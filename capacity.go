@@ -444,6 +444,11 @@ type capacityController struct {
 	correction float64 // multiplies the target the sketches are solved for
 	target     float64 // the judged rate the level aims at (R less the fixed load)
 	overloads  uint64
+	// absorb is the rate of random names (the names judge's unknown tier) that
+	// passed, which the names level gives up first when R is cut
+	// (namesController.absorb): the source lattice aims that much over R. Set by
+	// the driver before each step; 0 without a names level in force.
+	absorb float64
 }
 
 func newCapacityController(configured float64) *capacityController {
@@ -615,9 +620,10 @@ func (c *capacityController) regulate(now int64, secs float64, start bool) {
 }
 
 // solve sets the water level at which the sketches' model admits R less the fixed
-// load, corrected by what the limits measured to admit.
+// load (plus the random names the names level gives up first, absorb), corrected by
+// what the limits measured to admit.
 func (c *capacityController) solve(now int64) {
-	target := max(c.rate-c.fixed, capacityFloor*c.rate)
+	target := max(c.rate-c.fixed, capacityFloor*c.rate) + c.absorb
 	c.target = target
 	if c.aimed == 0 {
 		c.aimed = target
@@ -641,6 +647,14 @@ func (c *capacityController) solve(now int64) {
 		// sender catching up), or a flood that grows, are not let through
 		// whole before the next read.
 		c.level = capacityTop(c.nodes)
+		if c.absorb > 0 {
+			// Random names take the room, and the names level gives it up
+			// first: the heaviest groups (the real sources, the resolvers'
+			// users and other zones' clients) are held over their rate, not at
+			// it, where their arrivals' own noise would trim them by a few
+			// percent. A known-name source that grows is met at the next read.
+			c.level *= namesTopRoom
+		}
 	}
 }
 

@@ -12,14 +12,24 @@ import (
 // zone sketch's cells, read as the lattice's are (capacityNodes), admit Tu. While no
 // overload is in force the level is none and nothing is limited by name. A
 // namesController runs beside the capacity controller, from its samples and status
-// (capacityRun.step), so that the law in capacity.go is untouched by it.
+// (capacityRun.step); the law in capacity.go sees it only as absorb, the random
+// names that passed, which its source lattice aims past (namesController.absorb).
 
-// namesMargin is the share of R the random names leave unused: what passes the
-// names judge then falls short of what the source limits aim at, which therefore
-// engage only when the rest (existing names from heavy sources) is too much, not on
-// every dip of R's measurement. Larger trims random names harder; smaller lets the
-// source limits trim light sources' real names more often.
-const namesMargin = 0.1
+// namesMargin is the share of R the random names leave unused, room for R's dips
+// between two samples: larger trims random names harder; smaller lets the queue
+// overflow (real names lost with the flood) more often at a cut of R. Measured live
+// (docs/names.md, "Figures"): 0.1, 0.2, 0.25 and 0.3 with the source lattice
+// aiming past the random names (namesAbsorb); 0.2 to 0.3 kept more real answers
+// than 0.1, and did not differ from one another beyond the runs' spread.
+const namesMargin = 0.2
+
+// namesTopRoom is how far over the heaviest cell's rate the source lattice holds
+// every group while a names level is in force and the cells arrive under the
+// target unlimited (capacityController.solve): at 1, as without names, the
+// arrivals' noise trimmed the heaviest real sources by 2-3% in TestNamesSimFlood;
+// 1.3 and 2 kept them at 98-99.7% there, and 1.3 kept more of them live
+// (docs/names.md, "Figures").
+const namesTopRoom = 1.3
 
 // namesCounts are a names judge's cumulative counters (the kernel's NAMES_*).
 type namesCounts struct {
@@ -80,6 +90,9 @@ type namesController struct {
 
 	// Rates, queries per second, averaged with capacityRateTau.
 	other, unknown, limited float64
+	// unknownPassed is the random names that passed (both judges), which a cut of
+	// R takes from first: the source lattice aims that much over R (absorb).
+	unknownPassed float64
 
 	prev     []float64 // the zone sketch's counts at prevAt, decayed to it
 	prevAt   int64
@@ -113,6 +126,21 @@ func newNamesController() *namesController {
 	return &namesController{level: math.Inf(1), written: math.Inf(1)}
 }
 
+// absorb is the rate of random names passed that the names level gives up before a
+// source limit need engage, while a names level is in force (0 otherwise): the
+// capacity controller's source lattice aims at R plus this (capacityController.absorb).
+// The source sketches count what the names judge passed, random names included, so
+// that a lattice aiming at R alone trims the heaviest real sources (resolvers with
+// their users, the clients of other zones) at every cut of R before the names level,
+// read one sample later, gives the cut up; aiming past them, the lattice engages
+// only when what is not a random name is more than R.
+func (n *namesController) absorb() float64 {
+	if n == nil || math.IsInf(n.level, 1) {
+		return 0
+	}
+	return n.unknownPassed
+}
+
 // step takes the sample in (the capacity controller's, whose Admitted and fixed
 // count what passed) with the names counters c, and the capacity controller's
 // status st after its own step; it returns the level and whether to write it.
@@ -127,6 +155,7 @@ func (n *namesController) step(in capacityInput, c namesCounts, st capacityStatu
 		n.other += a * (max(dPassed-dUnknownPassed, 0)/secs - n.other)
 		n.unknown += a * (float64(subFloor(c.unknown, n.last.unknown))/secs - n.unknown)
 		n.limited += a * (float64(subFloor(c.limited, n.last.limited))/secs - n.limited)
+		n.unknownPassed += a * (dUnknownPassed/secs - n.unknownPassed)
 	}
 	n.have, n.lastNow, n.lastPassed, n.last = true, now, passed, c
 

@@ -199,6 +199,7 @@ func (r *capacityRun) step(ctrl *capacityController, src capacitySource, now int
 		problem = errNoSocket
 		dec = ctrl.reset()
 	default:
+		ctrl.absorb = r.names.absorb() // capacity_names.go
 		dec = ctrl.step(in, func() []capacityNode { return src.nodes(now) })
 	}
 	if dec.Write {

@@ -217,6 +217,9 @@ type simSource struct {
 	addr     func(r *rand.Rand) netip.AddrPort
 	proven   bool // with a valid server cookie: judged at its own address only
 	regular  bool // arrivals evenly spaced, not Poisson
+	// query draws the query's message, judged by name as a Protection's reader
+	// does (simServer.names); nil: judged by source only.
+	query func(r *rand.Rand) []byte
 }
 
 // subnet24 draws sources from one /24, random host and port.
@@ -259,6 +262,12 @@ type simServer struct {
 	// speed is the share of its capacity the server reads at, at each moment
 	// (another process takes its processor, it pauses, it gets faster); nil: 1.
 	speed func(at time.Duration) float64
+	// names turns the names judge on, its learner taught by teach, and runs the
+	// names controller beside the capacity controller as capacityRun.step does;
+	// noAbsorb leaves the source lattice aiming at R alone (for comparison).
+	names    bool
+	teach    func(l *Limiter)
+	noAbsorb bool
 }
 
 // dip is a speed schedule: share from from to to, 1 otherwise.
@@ -303,11 +312,22 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 	if s.requestsPerSec > 0 {
 		cfg.SetValue("requests-per-second", fmt.Sprint(s.requestsPerSec))
 	}
+	if !s.names {
+		cfg.SetValue("names", "off")
+	}
 	l, err := newLimiterSeed(cfg, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctrl := newCapacityController(s.configured)
+	var nctrl *namesController
+	if s.names {
+		nctrl = newNamesController()
+		if s.teach != nil {
+			s.teach(l)
+		}
+	}
+	g := &limiterCapacity{l: l}
 	r := rand.New(rand.NewPCG(5, 6))
 	secs := int(dur/time.Second) + 1
 	res := &simResult{sent: map[string][]int{}, served: map[string][]int{}, overflow: make([]int, secs), served1s: make([]int, secs), limiter: l, ctrl: ctrl,
@@ -365,9 +385,15 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 			res.sent[src.name][sec]++
 			res.sentTenth[src.name][at/1e8]++
 			in.Demand++
-			if src.proven {
+			switch {
+			case src.proven:
 				in.fixed++
-			} else {
+			case src.query != nil:
+				if !judgeRaw(l, src.addr(r), src.query(r), at, r.Uint32()).Allowed {
+					continue
+				}
+				in.Admitted++
+			default:
 				if !l.allowAt(src.addr(r), at, r.Uint32()) {
 					continue
 				}
@@ -400,9 +426,20 @@ func (s simServer) run(t testing.TB, dur time.Duration, sources []simSource) *si
 				in.QueueLimit = uint64(s.queueLen) * 1000
 				in.Sockets = 1
 				in.QueuedPackets = float64(len(queue) - head)
+				if nctrl != nil && !s.noAbsorb {
+					ctrl.absorb = nctrl.absorb()
+				}
 				dec := ctrl.step(in, func() []capacityNode { return l.capacityNodes(now, &scratch) })
 				if dec.Write {
 					l.setCapacityLevel(dec.Level)
+				}
+				if nctrl != nil {
+					if lv, write := nctrl.step(in, g.namesSample(), ctrl.status(), g.zoneCell); write {
+						if math.IsInf(lv, 1) {
+							lv = 0
+						}
+						g.applyNames(lv)
+					}
 				}
 				res.level = append(res.level, dec.Level)
 				res.levelAt = append(res.levelAt, time.Duration(now))
