@@ -1,0 +1,30 @@
+package rrl
+
+import (
+	"os"
+	"testing"
+)
+
+// Some tests repeat one cheap check tens of thousands of times (the kernel program
+// over every source port) or simulate seconds of a server in one goroutine (the
+// capacity controller's scenarios). The race detector slows them five- to
+// twentyfold, and more when another process holds a core, while finding nothing
+// more after the first few repetitions: each is one goroutine's work, or a few
+// goroutines doing the same thing over and over. Under the detector they check a
+// sample, or one scenario of a family; scripts/test runs them in full without it,
+// beside the race run (docs/tests.md, "Where the exhaustive tests run").
+
+// exhaustive reports whether such tests run in full: without the race detector, or
+// when RRL_EXHAUSTIVE=1 asks for it under the detector too.
+func exhaustive() bool {
+	return !raceDetector || os.Getenv("RRL_EXHAUSTIVE") == "1"
+}
+
+// exhaustiveOnly skips t unless tests run in full (exhaustive), naming smoke, the
+// test that checks the same code under the race detector.
+func exhaustiveOnly(t *testing.T, smoke string) {
+	t.Helper()
+	if !exhaustive() {
+		t.Skipf("a one-goroutine simulation the race detector slows some twentyfold: scripts/test runs it without the detector, and %s checks the same code under it", smoke)
+	}
+}
