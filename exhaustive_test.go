@@ -28,3 +28,12 @@ func exhaustiveOnly(t *testing.T, smoke string) {
 		t.Skipf("a one-goroutine simulation the race detector slows some twentyfold: scripts/test runs it without the detector, and %s checks the same code under it", smoke)
 	}
 }
+
+// floodSources returns the sources of a flood test: full when tests run in full, a
+// tenth of it under the race detector.
+func floodSources(full int) int {
+	if exhaustive() {
+		return full
+	}
+	return full / 10
+}
