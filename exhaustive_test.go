@@ -6,11 +6,12 @@ import (
 )
 
 // Some tests repeat one cheap check tens of thousands of times (the kernel program
-// over every source port) or simulate seconds of a server in one goroutine (the
-// capacity controller's scenarios). The race detector slows them five- to
-// twentyfold, and more when another process holds a core, while finding nothing
-// more after the first few repetitions: each is one goroutine's work, or a few
-// goroutines doing the same thing over and over. Under the detector they check a
+// over every source port, floods of 100,000 sources, the Limiter against its
+// reference model) or simulate seconds of a server in one goroutine (the capacity
+// controller's scenarios). The race detector slows most of them five- to
+// twentyfold, and all of them take four to six times as long when another process
+// holds a core, while the detector finds nothing more after the first few
+// repetitions: each is one goroutine's work. Under the detector they check a
 // sample, or one scenario of a family; scripts/test runs them in full without it,
 // beside the race run (docs/tests.md, "Where the exhaustive tests run").
 
@@ -25,7 +26,7 @@ func exhaustive() bool {
 func exhaustiveOnly(t *testing.T, smoke string) {
 	t.Helper()
 	if !exhaustive() {
-		t.Skipf("a one-goroutine simulation the race detector slows some twentyfold: scripts/test runs it without the detector, and %s checks the same code under it", smoke)
+		t.Skipf("one goroutine's computation, which the race detector slows five- to twentyfold: scripts/test runs it without the detector, and %s checks the same code under it (RRL_EXHAUSTIVE=1 runs it here)", smoke)
 	}
 }
 
