@@ -556,13 +556,19 @@ func TestCapacitySimBelowCapacity(t *testing.T) {
 // that second, the server stays at least 85% busy; (d) after the flood stops the
 // limits lift within 2 s, and during the flood the light load's answered rate varies
 // by less than 10% from one second to the next.
+//
+// Its first server is the race detector's check of the controller's simulation
+// (exhaustive_test.go): the other scenarios run without the detector.
 func TestCapacitySimFlood(t *testing.T) {
-	for _, srv := range []simServer{
+	for i, srv := range []simServer{
 		{capacity: simC, queueLen: 256},
 		{capacity: simC, queueLen: 256, period: 10 * time.Millisecond, quota: 2 * time.Millisecond},
 		{capacity: simC, queueLen: 256, configured: simC},
 	} {
 		t.Run(fmt.Sprintf("quota%v-configured%v", srv.quota, srv.configured), func(t *testing.T) {
+			if i > 0 {
+				exhaustiveOnly(t, "TestCapacitySimFlood/quota0s-configured0")
+			}
 			light, names := lightNets(0)
 			floodFrom, floodTo := 1*time.Second, 7*time.Second
 			sources := append(light, simSource{name: "flood", rate: 3 * simC, from: floodFrom, to: floodTo, addr: subnet24(10, 200, 7)})
@@ -624,6 +630,7 @@ func TestCapacitySimFlood(t *testing.T) {
 // with valid cookies: the resolvers get 99%, served first; the spread flood fills
 // what they leave.
 func TestCapacitySimSpread(t *testing.T) {
+	exhaustiveOnly(t, "TestCapacitySimFlood/quota0s-configured0")
 	res := simServer{capacity: simC, queueLen: 256}.run(t, 6*time.Second, []simSource{
 		{name: "resolver1", rate: simC / 100, addr: host(192, 0, 2, 1), proven: true},
 		{name: "resolver2", rate: simC / 100, addr: host(192, 0, 2, 2), proven: true},
@@ -667,6 +674,7 @@ func TestCapacitySimCeiling(t *testing.T) {
 // limits aim at, whatever the queues show: over the flood the server reads it
 // within 3%, each second within the noise of random arrivals and draws (7%).
 func TestCapacitySimConfigured(t *testing.T) {
+	exhaustiveOnly(t, "TestCapacitySimFlood/quota0s-configured0")
 	light, _ := lightNets(0)
 	res := simServer{capacity: simC, queueLen: 256, configured: 3000}.run(t, 6*time.Second,
 		append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
@@ -687,6 +695,7 @@ func TestCapacitySimConfigured(t *testing.T) {
 // flood: the capacity falls with it, so that the queue stops overflowing, and comes
 // back within two seconds of the end of the slowdown.
 func TestCapacitySimDip(t *testing.T) {
+	exhaustiveOnly(t, "TestCapacitySimFlood/quota0s-configured0")
 	light, names := lightNets(0)
 	srv := simServer{capacity: simC, queueLen: 256, speed: dip(3*time.Second, 3300*time.Millisecond, 0.5)}
 	res := srv.run(t, 7*time.Second, append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
@@ -711,6 +720,7 @@ func TestCapacitySimDip(t *testing.T) {
 // server is slower, and the capacity stays down: from then on nothing is lost to the
 // full queue.
 func TestCapacitySimSlower(t *testing.T) {
+	exhaustiveOnly(t, "TestCapacitySimFlood/quota0s-configured0")
 	light, names := lightNets(0)
 	srv := simServer{capacity: simC, queueLen: 256, speed: dip(3*time.Second, time.Hour, 0.65)}
 	res := srv.run(t, 12*time.Second, append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))
@@ -735,6 +745,7 @@ func TestCapacitySimSlower(t *testing.T) {
 // hold, shows the server reading faster, and the capacity rises to it: from 2 s into
 // the flood it answers at least 85% of C, without overflowing.
 func TestCapacitySimSlowStart(t *testing.T) {
+	exhaustiveOnly(t, "TestCapacitySimFlood/quota0s-configured0")
 	light, names := lightNets(0)
 	srv := simServer{capacity: simC, queueLen: 256, speed: dip(time.Second, 1200*time.Millisecond, 0.6)}
 	res := srv.run(t, 7*time.Second, append(light, simSource{name: "flood", rate: 3 * simC, from: time.Second, addr: subnet24(10, 200, 7)}))

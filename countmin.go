@@ -260,11 +260,17 @@ func (s *countMin) rate(h, now uint64) fixed {
 	return least
 }
 
-// reset empties the sketch. Concurrent arrivals may survive it.
+// reset empties the sketch. Concurrent arrivals may survive it. It writes only the
+// cells that hold something: an Update that resets a node no packet reached yet
+// (or reached at a few cells) reads its memory instead of dirtying all of it, and
+// under the race detector, where each cell is a pair of atomics, the first write to
+// a cell costs far more than a read.
 func (s *countMin) reset() {
 	for row := range s {
 		for col := range s[row] {
-			s[row][col].store(0, 0)
+			if count, last := s[row][col].load(); count != 0 || last != 0 {
+				s[row][col].store(0, 0)
+			}
 		}
 	}
 }

@@ -228,7 +228,8 @@ func TestFixedSaturating(t *testing.T) {
 }
 
 // TestFixedRandom compares every operation with math/big on many seeded random
-// operands drawn with a bias towards the interesting magnitudes.
+// operands drawn with a bias towards the interesting magnitudes: 200,000 pairs, or
+// 20,000 with -short or under the race detector (exhaustive_test.go).
 func TestFixedRandom(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	draw := func() fixed {
@@ -236,7 +237,7 @@ func TestFixedRandom(t *testing.T) {
 		return fixed(r.Uint64() >> r.UintN(64))
 	}
 	n := 200_000
-	if testing.Short() {
+	if testing.Short() || !exhaustive() {
 		n = 20_000
 	}
 	for range n {

@@ -758,6 +758,9 @@ func (m *refLimiter) decide(src netip.AddrPort, now int64, draw uint32) (bool, i
 	return decider < 0, decider
 }
 
+// TestLimiterMatchesReference: the Limiter and the reference model decide 50,000
+// packets alike and leave the same sketch cells. Under the race detector only the
+// last configuration, the one with every kind of node, runs (exhaustive_test.go).
 func TestLimiterMatchesReference(t *testing.T) {
 	configs := [][]string{
 		{"requests-per-second", "20"},
@@ -767,68 +770,73 @@ func TestLimiterMatchesReference(t *testing.T) {
 			"source-port-factor", "0"},
 	}
 	for ci, kv := range configs {
-		cfg := NewConfig()
-		for i := 0; i < len(kv); i += 2 {
-			if err := cfg.SetValue(kv[i], kv[i+1]); err != nil {
+		t.Run(fmt.Sprint("config", ci), func(t *testing.T) {
+			if ci < len(configs)-1 {
+				exhaustiveOnly(t, fmt.Sprintf("TestLimiterMatchesReference/config%d", len(configs)-1))
+			}
+			cfg := NewConfig()
+			for i := 0; i < len(kv); i += 2 {
+				if err := cfg.SetValue(kv[i], kv[i+1]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			seed := uint64(0xabcdef + ci)
+			l, err := newLimiterSeed(cfg, seed)
+			if err != nil {
 				t.Fatal(err)
 			}
-		}
-		seed := uint64(0xabcdef + ci)
-		l, err := newLimiterSeed(cfg, seed)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.seed() != seed {
-			t.Fatalf("seed() = %#x", l.seed())
-		}
-		ref := newRefLimiter(cfg, seed)
-		r := rand.New(rand.NewPCG(uint64(ci), 77))
-		// A small population so that groups fill up and get limited, in both families
-		// and as IPv4-mapped IPv6.
-		pop := make([]netip.AddrPort, 300)
-		for i := range pop {
-			var a netip.Addr
-			switch i % 3 {
-			case 0:
-				a = v4(198, 51, r.IntN(4), r.IntN(8))
-			case 1:
-				a = v6(r.IntN(3), r.IntN(3)<<8|r.IntN(2), r.Uint64N(4)<<62|r.Uint64N(3))
-			default:
-				a = netip.AddrFrom16(v4(203, 0, r.IntN(2), r.IntN(256)).As16())
+			if l.seed() != seed {
+				t.Fatalf("seed() = %#x", l.seed())
 			}
-			pop[i] = netip.AddrPortFrom(a, uint16(1+r.IntN(5)))
-		}
-		now := int64(second)
-		limited := 0
-		for i := range 50_000 {
-			now += int64(r.ExpFloat64() * 500_000) // ~2000 pps
-			if i%5000 == 0 {
-				now -= 100_000_000 // the clock steps back now and then
+			ref := newRefLimiter(cfg, seed)
+			r := rand.New(rand.NewPCG(uint64(ci), 77))
+			// A small population so that groups fill up and get limited, in both families
+			// and as IPv4-mapped IPv6.
+			pop := make([]netip.AddrPort, 300)
+			for i := range pop {
+				var a netip.Addr
+				switch i % 3 {
+				case 0:
+					a = v4(198, 51, r.IntN(4), r.IntN(8))
+				case 1:
+					a = v6(r.IntN(3), r.IntN(3)<<8|r.IntN(2), r.Uint64N(4)<<62|r.Uint64N(3))
+				default:
+					a = netip.AddrFrom16(v4(203, 0, r.IntN(2), r.IntN(256)).As16())
+				}
+				pop[i] = netip.AddrPortFrom(a, uint16(1+r.IntN(5)))
 			}
-			src, draw := pop[r.IntN(len(pop))], r.Uint32()
-			v := l.decideAt(src, now, draw)
-			ok, node := ref.decide(src, now, draw)
-			if v.Allowed != ok || v.nodeIndex() != node {
-				t.Fatalf("config %d packet %d (%v): %+v (node %d), reference %v %d", ci, i, src, v, v.nodeIndex(), ok, node)
+			now := int64(second)
+			limited := 0
+			for i := range 50_000 {
+				now += int64(r.ExpFloat64() * 500_000) // ~2000 pps
+				if i%5000 == 0 {
+					now -= 100_000_000 // the clock steps back now and then
+				}
+				src, draw := pop[r.IntN(len(pop))], r.Uint32()
+				v := l.decideAt(src, now, draw)
+				ok, node := ref.decide(src, now, draw)
+				if v.Allowed != ok || v.nodeIndex() != node {
+					t.Fatalf("config %d packet %d (%v): %+v (node %d), reference %v %d", ci, i, src, v, v.nodeIndex(), ok, node)
+				}
+				if !ok {
+					limited++
+				}
 			}
-			if !ok {
-				limited++
-			}
-		}
-		for n := range numNodes {
-			for row := range sketchDepth {
-				for col := range sketchWidth {
-					c, last := l.cell(n, row, uint32(col))
-					rc, rlast := ref.sk[n].cells[row*sketchWidth+col].load()
-					if c != rc || last != rlast {
-						t.Fatalf("config %d: cell (%d, %d, %d) = (%#x, %d), reference (%#x, %d)", ci, n, row, col, uint64(c), last, uint64(rc), rlast)
+			for n := range numNodes {
+				for row := range sketchDepth {
+					for col := range sketchWidth {
+						c, last := l.cell(n, row, uint32(col))
+						rc, rlast := ref.sk[n].cells[row*sketchWidth+col].load()
+						if c != rc || last != rlast {
+							t.Fatalf("config %d: cell (%d, %d, %d) = (%#x, %d), reference (%#x, %d)", ci, n, row, col, uint64(c), last, uint64(rc), rlast)
+						}
 					}
 				}
 			}
-		}
-		if limited < 1000 || limited > 49_000 {
-			t.Errorf("config %d: %d of 50000 limited: the test does not exercise limiting", ci, limited)
-		}
+			if limited < 1000 || limited > 49_000 {
+				t.Errorf("config %d: %d of 50000 limited: the test does not exercise limiting", ci, limited)
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package rrl
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -34,52 +35,60 @@ func checkShard(t *testing.T, s *shard) {
 }
 
 // TestShardModel runs random lookups against a shard and a map holding the same
-// accounts, evicting from the map whatever the shard evicted.
+// accounts, evicting from the map whatever the shard evicted. Under the race
+// detector the largest shard runs without it only (exhaustive_test.go): the
+// check of every eviction against the model is one goroutine's arithmetic,
+// quadratic in the limit.
 func TestShardModel(t *testing.T) {
 	for _, limit := range []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 200, 1000} {
-		var s shard
-		s.init(limit)
-		if limit%2 == 0 { // preallocated, as New does for small tables
-			s.setSlots(make([]entry, s.maxSlots))
-		}
-		model := map[uint64]fixed{} // key -> zero time
-		rng := rand.New(rand.NewPCG(uint64(limit), 1))
-		keys := make([]uint64, 3*limit+5)
-		for i := range keys {
-			keys[i] = accountKey(rng.Uint64(), 0)
-		}
-		for step := range 6000 {
-			key := keys[rng.IntN(len(keys))]
-			e, tag, fresh := s.acquire(key)
-			if _, ok := model[key]; ok == fresh {
-				t.Fatalf("limit %d step %d: fresh %v but in model %v", limit, step, fresh, ok)
+		t.Run(fmt.Sprint("limit", limit), func(t *testing.T) {
+			if limit > 200 {
+				exhaustiveOnly(t, "TestShardModel/limit200")
 			}
-			if tag&keyMask != key || tag&lockBit == 0 || e.tag.Load() != tag {
-				t.Fatalf("acquire returned another key's entry, or not locked: %x for %x", tag, key)
+			var s shard
+			s.init(limit)
+			if limit%2 == 0 { // preallocated, as New does for small tables
+				s.setSlots(make([]entry, s.maxSlots))
 			}
-			if z := fixed(e.zero.load()); !fresh && z != model[key] {
-				t.Fatalf("entry lost its state: %v, want %v", z, model[key])
+			model := map[uint64]fixed{} // key -> zero time
+			rng := rand.New(rand.NewPCG(uint64(limit), 1))
+			keys := make([]uint64, 3*limit+5)
+			for i := range keys {
+				keys[i] = accountKey(rng.Uint64(), 0)
 			}
-			e.release(tag, fixed(step+1))
-			model[key] = fixed(step + 1)
-			if len(model) > s.live { // the shard evicted one: find which
-				for k := range model {
-					if f, _ := findKey(&s, k); !f {
-						delete(model, k)
+			for step := range 6000 {
+				key := keys[rng.IntN(len(keys))]
+				e, tag, fresh := s.acquire(key)
+				if _, ok := model[key]; ok == fresh {
+					t.Fatalf("limit %d step %d: fresh %v but in model %v", limit, step, fresh, ok)
+				}
+				if tag&keyMask != key || tag&lockBit == 0 || e.tag.Load() != tag {
+					t.Fatalf("acquire returned another key's entry, or not locked: %x for %x", tag, key)
+				}
+				if z := fixed(e.zero.load()); !fresh && z != model[key] {
+					t.Fatalf("entry lost its state: %v, want %v", z, model[key])
+				}
+				e.release(tag, fixed(step+1))
+				model[key] = fixed(step + 1)
+				if len(model) > s.live { // the shard evicted one: find which
+					for k := range model {
+						if f, _ := findKey(&s, k); !f {
+							delete(model, k)
+						}
 					}
 				}
+				if len(model) != s.live {
+					t.Fatalf("limit %d step %d: model %d accounts, shard %d", limit, step, len(model), s.live)
+				}
+				if step%997 == 0 {
+					checkShard(t, &s)
+				}
 			}
-			if len(model) != s.live {
-				t.Fatalf("limit %d step %d: model %d accounts, shard %d", limit, step, len(model), s.live)
+			checkShard(t, &s)
+			if s.live != limit {
+				t.Errorf("limit %d: %d live at the end", limit, s.live)
 			}
-			if step%997 == 0 {
-				checkShard(t, &s)
-			}
-		}
-		checkShard(t, &s)
-		if s.live != limit {
-			t.Errorf("limit %d: %d live at the end", limit, s.live)
-		}
+		})
 	}
 }
 

@@ -161,3 +161,43 @@ func TestUpdateConcurrent(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestLimiterUpdateKeepsNames: an Update that leaves the names settings as they
+// were (here it changes the request limits and the capacity) keeps the names
+// judge's learner, and with it every name learnt: a name answered before the
+// Update is known after it, one never answered is not.
+func TestLimiterUpdateKeepsNames(t *testing.T) {
+	t0 := coarseNanos()
+	l := namesLimiter(t, "on", t0)
+	ln := l.names.Load()
+	before := ln.learner.Load()
+	known := func(name string) bool {
+		t.Helper()
+		var q qname
+		if !l.readName(queryBytes(t, name), &q) {
+			t.Fatalf("%s not read", name)
+		}
+		return l.names.Load().learner.Load().classify(&q, uint64(t0)).known
+	}
+	if !known("www.victim.test.") || known("never.victim.test.") {
+		t.Fatal("before the Update: www.victim.test. not known, or never.victim.test. known")
+	}
+	cfg := NewConfig()
+	for _, kv := range [][2]string{{"capacity", "3000"}, {"names", "on"}, {"requests-per-second", "50"}, {"ipv4-prefix-length", "22"}} {
+		if err := cfg.SetValue(kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if l.names.Load() != ln || ln.learner.Load() != before {
+		t.Error("an Update with the same names settings made a new names state or learner")
+	}
+	if !known("www.victim.test.") {
+		t.Error("www.victim.test., answered before the Update, is not known after it")
+	}
+	if known("never.victim.test.") {
+		t.Error("never.victim.test., never answered, is known after the Update")
+	}
+}
