@@ -213,7 +213,11 @@ func TestNamesJudgeKernelMatchesLimiter(t *testing.T) {
 			rng := rand.New(rand.NewPCG(3, uint64(map[bool]int{false: 1, true: 2}[reportOnly])))
 			count := map[string]map[namesVerdict]int{}
 			now := uint64(start)
-			for i := range 4000 {
+			queries := 4000 // each a test-run of the program and the Limiter's judge
+			if !exhaustive() {
+				queries = 1000 // a sample under the race detector (exhaustive_test.go)
+			}
+			for i := range queries {
 				now += uint64(rng.IntN(200_000)) // 10,000 queries per second
 				var kind, name string
 				switch p := rng.IntN(100); {
