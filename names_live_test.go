@@ -405,7 +405,11 @@ func TestLiveNames(t *testing.T) {
 				got := l.runNames(t, C, on, "", false)
 				t.Logf("no flood: existing victim.test. names %.4f, other.test. %.4f", got.victim, got.other)
 				if got.victim < 1 || got.other < 1 {
-					errorf("without a flood: victim.test. %.4f, other.test. %.4f answered, want every query", got.victim, got.other)
+					// What the run was measured against, to tell a loss of the server's
+					// from a C measured in a fast moment (0.3 C offered then exceeds it).
+					load, _ := os.ReadFile("/proc/loadavg")
+					errorf("without a flood: victim.test. %.4f, other.test. %.4f answered, want every query (0.3 C offered, C %.0f/s measured before; answered %.2f C; load average %s)",
+						got.victim, got.other, C, got.answered, strings.TrimSpace(string(load)))
 				}
 			}))
 		})
