@@ -215,15 +215,7 @@ func TestNamesSweepInTick(t *testing.T) {
 		m, w := z.answer(n, dns.TypeA)
 		l.observeAt(m, w, t0)
 	}
-	used := func() int {
-		n := 0
-		for i := range lr.names.slots {
-			if lr.names.slots[i].Load() != 0 {
-				n++
-			}
-		}
-		return n
-	}
+	used := func() int { return slotsInUse(lr.names) }
 	before := used()
 	if before < len(old) {
 		t.Fatalf("%d slots used after learning %d names", before, len(old))

@@ -290,15 +290,7 @@ func TestKernelNamesSweepInTick(t *testing.T) {
 	if lr == nil {
 		t.Fatal("no learner on the kernel tables with capacity on")
 	}
-	used := func() int {
-		n := 0
-		for i := range lr.names.slots {
-			if lr.names.slots[i].Load() != 0 {
-				n++
-			}
-		}
-		return n
-	}
+	used := func() int { return slotsInUse(lr.names) }
 	t0 := monotonicNow()
 	z := newTestZone()
 	for i := range 100 {

@@ -497,3 +497,14 @@ func TestNameLearnerWildcardOwner(t *testing.T) {
 		}
 	}
 }
+
+// slotsInUse counts t's slots that hold an entry, live or dead (what a sweep clears).
+func slotsInUse(t *nameTable) int {
+	n := 0
+	for i := range t.slots {
+		if t.slots[i].Load() != 0 {
+			n++
+		}
+	}
+	return n
+}
