@@ -296,7 +296,10 @@ func (l *capLive) runNames(t testing.TB, C float64, settings, parent string, flo
 	out.victim, _ = r.share(prefixed("victim"), from, end)
 	out.other, _ = r.share(prefixed("other"), from, end)
 	out.answered = answeredRate(sts, r.start, from, end) / C
-	if flood {
+	// Without a flood the timelines are logged only when a query went
+	// unanswered: they show whether the controller saw an overload (the capped
+	// server stalling) or the names judge limited.
+	if flood || out.victim < 1 || out.other < 1 {
 		logTimeline(t, sts, w, r.start, end)
 		nl.timeline(t, r.start, end)
 	}
