@@ -21,8 +21,8 @@ func namesCountsOf(sum *[counterMax]uint64) namesCounts {
 	}
 }
 
-// zoneBlockOffset is the byte offset of the zone sketch in rrl_cells.
-const zoneBlockOffset = numNodes * sketchDepth * sketchWidth * cellBytes
+// zoneBlockOffset is the byte offset of the zone sketch (block nodeZones) in rrl_cells.
+const zoneBlockOffset = nodeZones * sketchDepth * sketchWidth * cellBytes
 
 func (k *kernelCapacity) namesOn() bool {
 	k.f.mu.Lock()
@@ -45,6 +45,11 @@ func (k *kernelCapacity) zoneCell(row, col int) (fixed, uint64) {
 	if row == 0 && col == 0 {
 		k.readZoneBlock()
 	}
+	return k.zoneBlockCell(row, col)
+}
+
+// zoneBlockCell decodes one cell of k.zoneBlock, the zone sketch as last read.
+func (k *kernelCapacity) zoneBlockCell(row, col int) (fixed, uint64) {
 	i := (row*sketchWidth + col) * cellBytes
 	if i+cellBytes > len(k.zoneBlock) {
 		return 0, 0
@@ -96,33 +101,16 @@ func (k *kernelCapacity) takeNamesRewrite() bool {
 
 // zoneRates appends the zones this process named (configured, or learnt from the
 // SOA of an answer it taught the tables) whose rate of unknown names in the zone
-// sketch is at least atLeast at now, read as the Go Limiter's zoneRates reads its own.
+// sketch is at least atLeast at now, read as the Go Limiter's zoneRates reads its own
+// (from the block read afresh: a cleared one, unreadable, gives no zone).
 func (k *kernelCapacity) zoneRates(now int64, atLeast float64, out []zoneRate) []zoneRate {
-	f := k.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !k.mine() || k.mem == nil && k.ro == nil {
-		return out
-	}
-	mix0 := mix64(f.seed)
+	k.readZoneBlock()
 	t := uint64(max(now, 0))
-	var cell [cellBytes]byte
-	f.names.zoneNames.Range(func(key, name any) bool {
-		h := mix64(mix0 ^ uint64(key.(nameKey)))
+	k.f.names.zoneNames.Range(func(key, name any) bool {
+		h := sketchHash(k.f.seed, 0, uint64(key.(nameKey)))
 		least := fixedMax
 		for row := range sketchDepth {
-			off := zoneBlockOffset + (row*sketchWidth+int(sketchIndex(h, row)))*cellBytes
-			switch {
-			case k.ro != nil && off+cellBytes <= len(k.ro):
-				copy(cell[:], k.ro[off:])
-			case k.mem != nil:
-				if _, err := k.mem.ReadAt(cell[:], int64(off)); err != nil {
-					return false
-				}
-			default:
-				return false
-			}
-			count, last := fixed(binary.NativeEndian.Uint64(cell[:])), binary.NativeEndian.Uint64(cell[8:])
+			count, last := k.zoneBlockCell(row, int(sketchIndex(h, row)))
 			least = min(least, cellRate(count, last, t))
 		}
 		if r := least.Float64(); r >= atLeast {
